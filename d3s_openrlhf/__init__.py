@@ -1,0 +1,1 @@
+"""d3s-openrlhf."""
