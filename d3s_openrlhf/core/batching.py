@@ -1,0 +1,87 @@
+"""Kept-rollout counts that OpenRLHF can split evenly (pure integer arithmetic).
+
+OpenRLHF hands the experience-making forwards to the data-parallel ranks in chunks of
+``rollout.micro_batch_size`` and trains in whole windows of ``train.batch_size`` samples; a kept count that
+does not divide evenly gives ranks different numbers of micro-batches (a hang under ZeRO-3) or silently drops
+a remainder. Our rule for the unit every kept count must be a multiple of:
+
+* without dynamic batching: lcm(train.batch_size, rollout.micro_batch_size * dp)
+* with ``--train.dynamic_batch_enable``: lcm(train.batch_size, dp)
+
+where dp = actor nodes * GPUs per node / ring_attn_size / tensor_parallel_size. The schedule's target N(p) * B
+is rounded UP to the next multiple (the selection then takes the next-best rollouts). In intra scope the extra
+rollouts are spread one per prompt over prompts drawn by a seeded generator (``intra_counts``).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Optional
+
+import torch
+
+
+def _int_arg(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an int, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def kept_unit(train_batch_size: int, rollout_micro_batch_size: int, dp_size: int, dynamic_batch: bool) -> int:
+    """The number every kept-rollout count must be a multiple of (see the module docstring)."""
+    train_batch_size = _int_arg("train_batch_size", train_batch_size, 1)
+    rollout_micro_batch_size = _int_arg("rollout_micro_batch_size", rollout_micro_batch_size, 1)
+    dp_size = _int_arg("dp_size", dp_size, 1)
+    if not isinstance(dynamic_batch, bool):
+        raise ValueError(f"dynamic_batch must be a bool, got {dynamic_batch!r}")
+    if dynamic_batch:
+        return math.lcm(train_batch_size, dp_size)
+    return math.lcm(train_batch_size, rollout_micro_batch_size * dp_size)
+
+
+def legal_kept_count(target: int, total: int, unit: int, minimum: int = 1) -> int:
+    """The smallest multiple of ``unit`` that is >= max(target, minimum); never more than ``total``.
+
+    ``total`` (all B * G rollouts) must itself be a multiple of ``unit`` (OpenRLHF needs that to train the
+    full batch), which also guarantees that the result exists for any target <= total.
+    """
+    target = _int_arg("target", target, 0)
+    total = _int_arg("total", total, 1)
+    unit = _int_arg("unit", unit, 1)
+    minimum = _int_arg("minimum", minimum, 1)
+    if unit > total:
+        raise ValueError(f"unit {unit} is larger than the total of {total} rollouts: no legal kept count exists")
+    if total % unit:
+        raise ValueError(f"total {total} is not a multiple of unit {unit}")
+    wanted = max(target, minimum)
+    if wanted > total:
+        raise ValueError(f"cannot keep {wanted} of {total} rollouts (target {target}, minimum {minimum})")
+    return -(-wanted // unit) * unit
+
+
+def intra_counts(
+    kept: int, n: int, num_prompts: int, generator: Optional[torch.Generator] = None
+) -> torch.Tensor:
+    """Per-prompt kept counts (LongTensor of shape (num_prompts,)) summing to ``kept``.
+
+    Every prompt keeps ``n``; the r = kept - n * num_prompts (0 <= r <= num_prompts) remaining rollouts go one
+    each to r distinct prompts drawn uniformly without replacement from ``generator`` (the global RNG when
+    None), so which prompts get the extra one does not depend on their position in the batch. The generator is
+    only advanced when r > 0.
+    """
+    kept = _int_arg("kept", kept, 0)
+    n = _int_arg("n", n, 0)
+    num_prompts = _int_arg("num_prompts", num_prompts, 1)
+    extra = kept - n * num_prompts
+    if not 0 <= extra <= num_prompts:
+        raise ValueError(
+            f"kept={kept} cannot be split as {n} or {n + 1} per prompt over {num_prompts} prompts "
+            f"(needs {n * num_prompts} <= kept <= {(n + 1) * num_prompts})"
+        )
+    counts = torch.full((num_prompts,), n, dtype=torch.long)
+    if extra:
+        counts[torch.randperm(num_prompts, generator=generator)[:extra]] += 1
+    return counts

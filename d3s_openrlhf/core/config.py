@@ -1,0 +1,353 @@
+"""``D3SConfig``: every D3S / PODS option in one frozen dataclass, its presets, validation and ``--d3s.*`` flags.
+
+Papers: D3S = "Learning More with Less: A Dynamic Dual-Level Down-Sampling Framework for Efficient Policy
+Optimization" (arXiv 2509.22115); PODS = "Not All Rollouts are Useful: Down-Sampling Rollouts in LLM
+Reinforcement Learning" (arXiv 2504.13818).
+
+Resolution order (``from_flags``): dataclass defaults, then the named preset's values, then every explicitly
+given field. The defaults are "off" (plain GRPO). The constructor itself takes its fields literally: ``preset``
+only records the preset a configuration was resolved from, it does not apply it.
+
+Our choices where the papers give no number: the fixed-size variants (d1s, d1s-cross, d2s) keep N = 20 rollouts
+per prompt and d2s keeps K = 12.5% of tokens, the time averages of the D3S linear schedule (N 8 -> 32,
+K 5% -> 20%), so the variants spend about the same sample and token budget as D3S over a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import numbers
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
+from typing import Any, Dict, Mapping, Optional
+
+from d3s_openrlhf.core.schedule import SCHEDULE_KINDS, DownSamplingSchedule
+from d3s_openrlhf.core.token_mask import TOKEN_SCOPES
+
+SAMPLE_SCOPES = ("intra", "cross")
+SAMPLE_RULES = ("max_var", "max_reward", "random", "none")
+ADVANTAGE_MODES = ("group", "subset")
+
+FLAG_PREFIX = "d3s."
+
+_FIXED_N = 20  # mean of the D3S linear schedule 8 -> 32 (our choice, see the module docstring)
+_FIXED_K = 0.125  # mean of the D3S linear schedule 0.05 -> 0.20
+
+PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
+    {
+        "grpo": MappingProxyType(dict(sample_rule="none", k_init=1.0, k_final=1.0)),
+        "pods": MappingProxyType(
+            dict(
+                sample_scope="intra",
+                sample_rule="max_var",
+                advantage_mode="subset",
+                n_init=16,
+                n_final=16,
+                k_init=1.0,
+                k_final=1.0,
+                schedule="constant",
+            )
+        ),
+        "d1s": MappingProxyType(
+            dict(
+                sample_scope="intra",
+                sample_rule="max_var",
+                advantage_mode="group",
+                n_init=_FIXED_N,
+                n_final=_FIXED_N,
+                k_init=1.0,
+                k_final=1.0,
+                schedule="constant",
+            )
+        ),
+        "d1s-cross": MappingProxyType(
+            dict(
+                sample_scope="cross",
+                sample_rule="max_var",
+                advantage_mode="group",
+                n_init=_FIXED_N,
+                n_final=_FIXED_N,
+                k_init=1.0,
+                k_final=1.0,
+                schedule="constant",
+            )
+        ),
+        "d2s": MappingProxyType(
+            dict(
+                sample_scope="cross",
+                sample_rule="max_var",
+                advantage_mode="group",
+                n_init=_FIXED_N,
+                n_final=_FIXED_N,
+                k_init=_FIXED_K,
+                k_final=_FIXED_K,
+                schedule="constant",
+                token_scope="batch",
+            )
+        ),
+        "d3s": MappingProxyType(
+            dict(
+                sample_scope="cross",
+                sample_rule="max_var",
+                advantage_mode="group",
+                n_init=8,
+                n_final=32,
+                k_init=0.05,
+                k_final=0.20,
+                schedule="linear",
+                token_scope="batch",
+            )
+        ),
+        "d3s-i": MappingProxyType(
+            dict(
+                sample_scope="intra",
+                sample_rule="max_var",
+                advantage_mode="group",
+                n_init=8,
+                n_final=32,
+                k_init=0.05,
+                k_final=0.20,
+                schedule="linear",
+                token_scope="batch",
+            )
+        ),
+    }
+)
+
+PRESET_SUMMARIES: Mapping[str, str] = MappingProxyType(
+    {
+        "grpo": "no down-sampling (plain GRPO / the host's estimator)",
+        "pods": "PODS: intra-group max-variance on rewards, N = m = 16 kept of n, advantages over the subset",
+        "d1s": f"D1S: intra-group max-variance, fixed N = {_FIXED_N}, full-group advantages, no token selection",
+        "d1s-cross": f"D1S-Cross: cross-group max-variance, fixed N = {_FIXED_N}, no token selection",
+        "d2s": f"D2S: cross-group samples (N = {_FIXED_N}) + tokens (K = {_FIXED_K}), no schedule",
+        "d3s": "D3S: cross-group samples + tokens, linear schedule N 8 -> 32, K 0.05 -> 0.20",
+        "d3s-i": "D3S-I: D3S with intra-group sample selection",
+    }
+)
+
+
+def _option(default, help: str, type_, choices=None):
+    return field(default=default, metadata={"help": help, "type": type_, "choices": choices})
+
+
+@dataclass(frozen=True)
+class D3SConfig:
+    """All D3S / PODS options (see the module docstring for presets and resolution)."""
+
+    preset: Optional[str] = _option(
+        None,
+        "named configuration applied before the explicit --d3s.* flags: "
+        + "; ".join(f"{name} = {summary}" for name, summary in PRESET_SUMMARIES.items()),
+        str,
+        tuple(PRESETS),
+    )
+    sample_scope: str = _option(
+        "cross",
+        "where sample-level selection picks rollouts: intra = N of each prompt's G rollouts (D3S-I, PODS); "
+        "cross = N*B from all B*G rollouts pooled, so a prompt may keep many, few or none (D3S)",
+        str,
+        SAMPLE_SCOPES,
+    )
+    sample_rule: str = _option(
+        "none",
+        "sample-level rule: max_var = the subset with maximal advantage variance Var(A') (D3S sample level; "
+        "PODS max-variance down-sampling); max_reward and random = PODS's ablation rules; none = keep all",
+        str,
+        SAMPLE_RULES,
+    )
+    advantage_mode: str = _option(
+        "group",
+        "group = advantages A_i from the full group of G, not renormalised after selection (D3S); "
+        "subset = recomputed over the kept rollouts of each group (PODS)",
+        str,
+        ADVANTAGE_MODES,
+    )
+    n_init: int = _option(
+        8,
+        "rollouts kept per prompt at the start of training, D3S N_init (PODS m for a constant schedule); "
+        "the group size G = --rollout.n_samples_per_prompt (PODS n) must be at least max(N)",
+        int,
+    )
+    n_final: int = _option(
+        32,
+        "rollouts kept per prompt at the end of the schedule, D3S N_final (any order relative to N_init is "
+        "accepted; the paper increases N)",
+        int,
+    )
+    k_init: float = _option(
+        1.0,
+        "fraction of response tokens kept (top |A_{i,t}|*H_{i,t}) at the start, D3S K_init in (0, 1]; "
+        "1.0 with K_final 1.0 = no token selection",
+        float,
+    )
+    k_final: float = _option(
+        1.0,
+        "fraction of response tokens kept at the end of the schedule, D3S K_final in (0, 1]",
+        float,
+    )
+    schedule: str = _option(
+        "linear",
+        "how [N, K] move from init to final with training progress p: linear = (1-p)*init + p*final "
+        "(D3S dynamic down-sampling schedule); cosine = the same with p' = (1-cos(pi*p))/2; "
+        "constant = the init values throughout (N_final, K_final unused)",
+        str,
+        SCHEDULE_KINDS,
+    )
+    schedule_steps: int = _option(
+        0,
+        "steps over which p goes from 0 to 1 (p = min(step / schedule_steps, 1)); 0 = the run's number of "
+        "rollout steps",
+        int,
+    )
+    token_scope: str = _option(
+        "batch",
+        "where the token budget K applies: batch = over all kept tokens of the rollout batch (the D3S "
+        "formula); sequence = within each response",
+        str,
+        TOKEN_SCOPES,
+    )
+    seed: int = _option(
+        42,
+        "seed of the random tie-breaking and of the random rule; combined with the training step so every "
+        "step's choice is reproducible, also after a resume",
+        int,
+    )
+    dry_run: bool = _option(
+        False,
+        "validate the configuration against the host flags, print the resolved D3S settings and the kept "
+        "counts along the schedule, and exit without starting Ray",
+        bool,
+    )
+
+    def __post_init__(self):
+        for name in ("k_init", "k_final"):
+            value = getattr(self, name)
+            if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+                object.__setattr__(self, name, float(value))
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError listing every invalid option as ``--d3s.<field>=<value>: reason``."""
+        problems = []
+
+        def bad(name: str, reason: str) -> None:
+            problems.append(f"--d3s.{name}={getattr(self, name)!r}: {reason}")
+
+        if self.preset is not None and (not isinstance(self.preset, str) or self.preset not in PRESETS):
+            bad("preset", f"unknown preset; choose one of {', '.join(PRESETS)}")
+        for f in fields(self):
+            choices = f.metadata["choices"]
+            if f.name != "preset" and choices is not None and getattr(self, f.name) not in choices:
+                bad(f.name, f"must be one of {', '.join(choices)}")
+        for name in ("n_init", "n_final"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+                bad(name, "must be an int >= 1 (rollouts kept per prompt)")
+        for name in ("k_init", "k_final"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, float) or not (0.0 < value <= 1.0):
+                bad(name, "must be a number in (0, 1] (fraction of tokens kept; 1 = all)")
+        for name in ("schedule_steps", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+                bad(name, "must be an int >= 0")
+        if not isinstance(self.dry_run, bool):
+            bad("dry_run", "must be a bool")
+        if self.advantage_mode == "subset" and self.sample_rule == "none":
+            bad(
+                "advantage_mode",
+                "recomputes advantages over the kept rollouts, which needs sample selection, but "
+                f"--d3s.sample_rule={self.sample_rule!r}; choose a rule or --d3s.advantage_mode group",
+            )
+        if problems:
+            raise ValueError("invalid D3S options:\n  " + "\n  ".join(problems))
+
+    # -- derived ---------------------------------------------------------------------------------------------
+
+    @property
+    def samples_enabled(self) -> bool:
+        """Whether sample-level selection runs (sample_rule != none)."""
+        return self.sample_rule != "none"
+
+    @property
+    def tokens_enabled(self) -> bool:
+        """Whether token selection runs at some point of the schedule (K < 1 somewhere)."""
+        if self.schedule == "constant":
+            return self.k_init < 1.0
+        return min(self.k_init, self.k_final) < 1.0
+
+    @property
+    def enabled(self) -> bool:
+        """Whether D3S changes anything (sample or token selection)."""
+        return self.samples_enabled or self.tokens_enabled
+
+    @property
+    def max_n(self) -> int:
+        """The largest N (rollouts kept per prompt) along the schedule; G must be at least this."""
+        if self.schedule == "constant":
+            return self.n_init
+        return max(self.n_init, self.n_final)
+
+    def schedule_for(self, total_steps: int) -> DownSamplingSchedule:
+        """The (N, K) schedule of a run of ``total_steps`` rollout steps (``schedule_steps`` wins if > 0)."""
+        steps = self.schedule_steps if self.schedule_steps > 0 else total_steps
+        return DownSamplingSchedule(self.n_init, self.n_final, self.k_init, self.k_final, steps, kind=self.schedule)
+
+    def to_dict(self) -> Dict[str, Any]:
+        """Plain {field: value} dict (for logging and printing)."""
+        return dataclasses.asdict(self)
+
+    # -- command line ----------------------------------------------------------------------------------------
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+        """Add one ``--d3s.<field>`` flag per field (dest ``d3s.<field>``, default None) in a new group."""
+        group = parser.add_argument_group(
+            "D3S / PODS rollout and token down-sampling (d3s-openrlhf)",
+            "Unset flags take the preset's value, else the default shown.",
+        )
+        for f in fields(cls):
+            help_text = f"{f.metadata['help']} (default: {f.default})".replace("%", "%%")
+            flag, dest = f"--{FLAG_PREFIX}{f.name}", f"{FLAG_PREFIX}{f.name}"
+            if f.metadata["type"] is bool:
+                group.add_argument(flag, dest=dest, action="store_true", default=None, help=help_text)
+            else:
+                group.add_argument(
+                    flag,
+                    dest=dest,
+                    type=f.metadata["type"],
+                    choices=f.metadata["choices"],
+                    metavar=None if f.metadata["choices"] else f.name.upper(),
+                    default=None,
+                    help=help_text,
+                )
+        return group
+
+    @classmethod
+    def from_flags(cls, values: Mapping[str, Any]) -> "D3SConfig":
+        """Resolve given options (keys ``d3s.<field>`` or ``<field>``; None = not given) into a validated config.
+
+        The preset named by ``preset`` (if any) is applied first, explicit values override it, and the preset
+        name is kept on the result.
+        """
+        names = {f.name for f in fields(cls)}
+        given: Dict[str, Any] = {}
+        unknown = []
+        for key, value in values.items():
+            name = key[len(FLAG_PREFIX) :] if key.startswith(FLAG_PREFIX) else key
+            if name not in names:
+                unknown.append(key)
+            elif value is not None:
+                given[name] = value
+        if unknown:
+            raise ValueError(
+                f"unknown D3S options: {', '.join(map(repr, unknown))}; known: "
+                + ", ".join(f"--{FLAG_PREFIX}{name}" for name in sorted(names))
+            )
+        preset = given.get("preset")
+        resolved: Dict[str, Any] = dict(PRESETS[preset]) if isinstance(preset, str) and preset in PRESETS else {}
+        resolved.update(given)
+        return cls(**resolved)
+

@@ -1,0 +1,50 @@
+"""Per-position policy entropy from logits, computed in chunks to bound peak memory.
+
+H = logsumexp(z) - sum_v softmax(z)_v * z_v, the same formula as OpenRLHF's ``compute_entropy``, evaluated in
+fp32 (fp64 inputs stay fp64 during the computation) on at most ``chunk_size`` positions at a time, so the
+temporaries beyond the input itself are a few (chunk_size, V) tensors instead of several copies of the whole
+(..., T, V) logits. The result is returned in fp32. The function is differentiable: under autograd each chunk
+keeps what its backward needs (that memory is inherent to differentiating the entropy, chunked or not).
+Vocabulary entries with logit -inf (masked out) have probability 0 and contribute 0, instead of the NaN that
+0 * -inf would give in the plain formula.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+
+def entropy_from_logits(logits: torch.Tensor, *, chunk_size: int = 1024) -> torch.Tensor:
+    """Entropy of softmax(logits) over the last dimension.
+
+    Args:
+        logits: floating tensor of shape (..., T, V) with V >= 1.
+        chunk_size: number of positions (rows of the flattened (-1, V) view) processed at a time.
+
+    Returns:
+        fp32 tensor of shape (..., T).
+    """
+    if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
+        raise ValueError("logits must be a floating-point torch.Tensor")
+    if logits.dim() < 2:
+        raise ValueError(f"logits must have shape (..., T, V), got shape {tuple(logits.shape)}")
+    if logits.shape[-1] < 1:
+        raise ValueError("logits must have a non-empty vocabulary dimension V")
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
+
+    compute_dtype = torch.promote_types(logits.dtype, torch.float32)
+    positions = logits.shape[:-1]
+    flat = logits.reshape(-1, logits.shape[-1])
+    if flat.shape[0] == 0:
+        return torch.zeros(positions, dtype=torch.float32, device=logits.device)
+
+    parts = []
+    for start in range(0, flat.shape[0], int(chunk_size)):
+        chunk = flat[start : start + chunk_size].to(compute_dtype)
+        probs = torch.softmax(chunk, dim=-1)
+        finite_logits = chunk.masked_fill(torch.isneginf(chunk), 0.0)
+        parts.append(torch.logsumexp(chunk, dim=-1) - (probs * finite_logits).sum(dim=-1))
+    return torch.cat(parts).reshape(positions).to(torch.float32)

@@ -1,0 +1,121 @@
+"""The dynamic (N, K) down-sampling schedule of D3S (arXiv 2509.22115).
+
+    [N(p), K(p)] = (1 - p) * [N_init, K_init] + p * [N_final, K_final],   p = min(step / total_steps, 1)
+
+``kind="linear"`` uses p as is; ``kind="cosine"`` eases in and out with p' = (1 - cos(pi * p)) / 2, computed as
+the equal sin(pi * p / 2) ** 2, which is exact at both ends and monotone; ``kind="constant"`` returns the init
+values at every step (``n_final`` and ``k_final`` are then not used).
+
+The schedule is a pure function of the step, so a run resumed at step s continues with exactly the values it
+would have had.
+
+Rounding of N (our choice; the paper is silent): N(p) is rounded to the nearest integer with halves rounded up
+(8.5 -> 9). For ``linear`` the interpolation is done in exact rational arithmetic, so a mathematically exact half
+is always recognised; for ``cosine`` the value is a float and anything within 1e-9 below a half counts as the
+half. K is interpolated as K_init + p * (K_final - K_init) (the same quantity as the paper's form) and clamped to
+[min(K_init, K_final), max(K_init, K_final)], which makes it monotone in the step even in floating point and
+exactly K_init / K_final at the two ends.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Tuple, Union
+
+SCHEDULE_KINDS = ("linear", "cosine", "constant")
+
+# Slack for recognising a half in float interpolation (cosine); float error there is ~1e-13 for any N we meet.
+_HALF_SLACK = 1e-9
+
+
+def _require_int(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an int, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _require_fraction(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a real number in (0, 1], got {value!r}")
+    value = float(value)
+    if not (0.0 < value <= 1.0):  # also rejects NaN
+        raise ValueError(f"{name} must be in (0, 1], got {value!r}")
+    return value
+
+
+def _round_half_up(value: Union[Fraction, float]) -> int:
+    if isinstance(value, Fraction):
+        return math.floor(value + Fraction(1, 2))
+    return math.floor(value + 0.5 + _HALF_SLACK)
+
+
+@dataclass(frozen=True)
+class DownSamplingSchedule:
+    """(N, K) as a function of the training step; see the module docstring for the exact rules.
+
+    Args:
+        n_init, n_final: rollouts kept per prompt at p = 0 and p = 1 (D3S N_init, N_final), ints >= 1. Either
+            order is accepted (an increasing N is the paper's curriculum).
+        k_init, k_final: fraction of tokens kept at p = 0 and p = 1 (D3S K_init, K_final), in (0, 1].
+        total_steps: number of steps over which p goes from 0 to 1 (int >= 1); later steps use p = 1.
+        kind: "linear", "cosine" or "constant".
+    """
+
+    n_init: int
+    n_final: int
+    k_init: float
+    k_final: float
+    total_steps: int
+    kind: str = "linear"
+
+    def __post_init__(self):
+        object.__setattr__(self, "n_init", _require_int("n_init", self.n_init, 1))
+        object.__setattr__(self, "n_final", _require_int("n_final", self.n_final, 1))
+        object.__setattr__(self, "k_init", _require_fraction("k_init", self.k_init))
+        object.__setattr__(self, "k_final", _require_fraction("k_final", self.k_final))
+        object.__setattr__(self, "total_steps", _require_int("total_steps", self.total_steps, 1))
+        if self.kind not in SCHEDULE_KINDS:
+            raise ValueError(f"kind must be one of {', '.join(SCHEDULE_KINDS)}, got {self.kind!r}")
+
+    def progress(self, step: int) -> float:
+        """p = min(step / total_steps, 1) for a step >= 0 (before the cosine easing)."""
+        step = _require_int("step", step, 0)
+        return min(step, self.total_steps) / self.total_steps
+
+    def at(self, step: int) -> Tuple[int, float]:
+        """(N, K) at ``step`` (0-based; steps past ``total_steps`` give the final values)."""
+        step = _require_int("step", step, 0)
+        if self.kind == "constant":
+            return self.n_init, self.k_init
+        clipped = min(step, self.total_steps)
+        if clipped == self.total_steps:
+            return self.n_final, self.k_final
+        if self.kind == "linear":
+            exact_p = Fraction(clipped, self.total_steps)
+            n = _round_half_up(self.n_init + exact_p * (self.n_final - self.n_init))
+            p = clipped / self.total_steps
+        else:  # cosine
+            p = math.sin(math.pi * clipped / (2 * self.total_steps)) ** 2
+            n = _round_half_up(self.n_init + p * (self.n_final - self.n_init))
+        k = self.k_init + p * (self.k_final - self.k_init)
+        k = min(max(k, min(self.k_init, self.k_final)), max(self.k_init, self.k_final))
+        return n, k
+
+    @property
+    def max_n(self) -> int:
+        """The largest N the schedule ever returns (the group size G must be at least this)."""
+        if self.kind == "constant":
+            return self.n_init
+        return max(self.n_init, self.n_final)
+
+    @property
+    def min_k(self) -> float:
+        """The smallest K the schedule ever returns (token selection is active iff this is < 1)."""
+        if self.kind == "constant":
+            return self.k_init
+        return min(self.k_init, self.k_final)

@@ -1,0 +1,219 @@
+"""Sample-level rollout down-sampling (PODS, arXiv 2504.13818; D3S, arXiv 2509.22115).
+
+Given one value per rollout -- ``values`` of shape (B, G): B prompts, G rollouts per prompt; rewards for
+PODS, full-group advantages for D3S -- choose which rollouts to keep for the policy update.
+
+Max-variance rule. PODS keeps the size-m subset S maximising the variance of its values,
+
+    S* = argmax_{|S| = m} Var({x_j : j in S}),
+
+and shows that, with x sorted in ascending order x_(1) <= ... <= x_(n), some optimum is the i smallest
+together with the m - i largest values (S_i) for an i in {0, ..., m}. Because m is fixed, maximising the
+variance is maximising
+
+    score(i) = m * S2(i) - S1(i)^2 = m^2 * Var(S_i),
+    S1(i) = P1[i] + P1[n] - P1[n - m + i],   S2(i) = P2[i] + P2[n] - P2[n - m + i],
+
+where P1, P2 are the prefix sums (with P[0] = 0) of the sorted values and of their squares. Every candidate
+costs O(1), so a row costs O(n log n) for the sort; PODS's published code re-evaluates each candidate in
+O(m). Only the m smallest and the m largest values can be part of a candidate, so the sums run over those
+2m values (all n when 2m >= n). Scores are computed in float64 after centring those values on their mean,
+so near-ties are resolved like an exact search would resolve them.
+
+Scopes. ``"intra"`` keeps exactly ``keep`` rollouts of every prompt (PODS, D3S-I), all rows at once as
+tensor ops. ``"cross"`` (D3S default) pools the B*G values (each already normalised within its own group
+when they are advantages) and keeps ``keep`` in total (about N*B), so a prompt may keep many, few or none.
+
+Ties. With binary rewards most values are equal. Before the stable sort the values are put in an order
+drawn from ``generator`` (independently per row for intra), so equal values are kept in a random order: a
+tied rollout is not favoured by its position, and the same generator state gives the same selection. When
+several split points i reach the optimal score (within a relative 1e-10, e.g. 3 successes and 3 failures
+with m = 3: {1, 0, 0} and {1, 1, 0} have the same variance), one of them is drawn uniformly from
+``generator`` as well, so neither successes nor failures are systematically preferred. Our choice; the
+papers are silent on ties.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+
+import torch
+
+_SCOPES = ("intra", "cross")
+_RULES = ("max_var", "max_reward", "random")
+
+# Split points whose score is within this fraction of a row's scale (m * the sum of the centred squares of
+# its 2m candidate values, an upper bound of every score) of the best score count as tied optima. It is far above float64 cumsum rounding
+# (about n * 1.1e-16 in the worst case) and far below any variance difference that matters.
+_SCORE_RTOL = 1e-10
+
+
+def _validate(values: torch.Tensor, keep, scope: str, rule: str) -> int:
+    if not isinstance(values, torch.Tensor):
+        raise TypeError(f"values must be a torch.Tensor, got {type(values).__name__}")
+    if values.dim() != 2 or values.numel() == 0:
+        raise ValueError(f"values must be 2-D (B prompts, G rollouts), non-empty, got shape {tuple(values.shape)}")
+    if not values.is_floating_point():
+        raise ValueError(f"values must be a floating-point tensor, got dtype {values.dtype}")
+    if scope not in _SCOPES:
+        raise ValueError(f"scope must be one of {_SCOPES}, got {scope!r}")
+    if rule not in _RULES:
+        raise ValueError(f"rule must be one of {_RULES}, got {rule!r}")
+    if isinstance(keep, bool):
+        raise TypeError("keep must be an int, got bool")
+    keep = operator.index(keep)
+    num_prompts, group_size = values.shape
+    limit = group_size if scope == "intra" else num_prompts * group_size
+    if keep < 1 or keep > limit:
+        bound = "G" if scope == "intra" else "B*G"
+        raise ValueError(
+            f"keep must be in [1, {bound}] = [1, {limit}] for scope={scope!r} and values of shape "
+            f"{tuple(values.shape)}, got {keep}"
+        )
+    low, high = torch.aminmax(values)  # NaN propagates into both
+    if not (math.isfinite(low.item()) and math.isfinite(high.item())):
+        raise ValueError("values contain NaN or inf")
+    return keep
+
+
+def _order_preserving_bits(x: torch.Tensor) -> torch.Tensor:
+    """Integer keys with the same order as the float values of x, exactly.
+
+    Integer sorts are several times faster than float sorts on CPU (torch radix-sorts 1-D integer tensors),
+    one pass per key byte: dtypes of at most 32 bits are widened to float32 (exact) and keyed as int32,
+    float64 as int64. Flipping the magnitude bits of negative numbers makes the signed
+    integer order the float order; adding 0.0 turns -0.0 into +0.0, so the two zeros tie as they do as
+    floats.
+    """
+    if x.element_size() <= 4:
+        bits = (x.to(torch.float32) + 0.0).view(torch.int32)
+        return bits ^ ((bits >> 31) & 0x7FFF_FFFF)
+    bits = (x.to(torch.float64) + 0.0).view(torch.int64)
+    return bits ^ ((bits >> 63) & 0x7FFF_FFFF_FFFF_FFFF)
+
+
+def _ascending_order(x: torch.Tensor, generator) -> torch.Tensor:
+    """order (R, n): flat indices into x (R, n) such that x.reshape(-1)[order[r]] is row r ascending, equal
+    values in uniformly random order (independently across rows).
+
+    All R * n values are visited in one uniformly random order, stably sorted by value, then stably sorted by
+    row; the random order restricted to the ties of one row is again uniform. Only 1-D integer sorts, which
+    torch radix-sorts (from 32768 elements on), with keys as narrow as possible.
+    """
+    rows, n = x.shape
+    index_dtype = torch.int32 if rows * n <= torch.iinfo(torch.int32).max else torch.int64  # less to move
+    order = torch.randperm(rows * n, generator=generator, dtype=index_dtype, device=x.device)
+    key = _order_preserving_bits(x).reshape(-1)
+    order = order.index_select(0, key.index_select(0, order).sort(stable=True).indices)
+    if rows > 1:
+        row_dtype = torch.int16 if rows <= torch.iinfo(torch.int16).max else torch.int32
+        row = torch.arange(rows, dtype=row_dtype, device=x.device).unsqueeze(1).expand(rows, n).reshape(-1)
+        order = order.index_select(0, row.index_select(0, order).sort(stable=True).indices)
+    return order.view(rows, n)
+
+
+def _max_var_split(ends: torch.Tensor, m: int, generator) -> torch.Tensor:
+    """Best split i (R,): keep the i smallest and the m - i largest values of each row.
+
+    ends (R, w), each row ascending: the m smallest values of the row followed by its m largest (w = 2m), or
+    the whole sorted row (w = n) when 2m >= n. Candidate i is ends[:, :i] + ends[:, w - m + i:].
+    """
+    w = ends.shape[1]
+    x = ends.to(torch.float64)
+    x = x - x.mean(dim=1, keepdim=True)
+    # (2, R, w + 1): prefix sums of the values and of their squares, p[:, :, k] = sum of the first k
+    p = torch.nn.functional.pad(torch.stack([x, x * x]).cumsum(dim=2), (1, 0))
+    # candidate i = 0..m: prefix p[..., i] plus suffix p[..., w] - p[..., w - m + i]
+    s1, s2 = p[..., : m + 1] - p[..., w - m :] + p[..., w:]
+    score = torch.addcmul(m * s2, s1, s1, value=-1)  # (R, m + 1): m * S2 - S1^2 = m^2 * Var(S_i)
+    threshold = score.amax(dim=1, keepdim=True) - _SCORE_RTOL * m * p[1, :, w:]
+    tie_key = torch.rand(score.shape, generator=generator, device=x.device)
+    return tie_key.masked_fill_(score < threshold, -1.0).argmax(dim=1)
+
+
+def _select(values: torch.Tensor, keep: int, scope: str, rule: str, generator) -> torch.Tensor:
+    """select_rollouts after validation."""
+    x = values.detach()
+    if scope == "cross":
+        x = x.reshape(1, -1)
+    rows, n = x.shape
+    # A uniformly random order of each row is the ascending order of all-equal values.
+    order = _ascending_order(x.new_zeros(x.shape, dtype=torch.float32) if rule == "random" else x, generator)
+    ranks = torch.arange(keep, device=x.device).unsqueeze(0)  # (1, keep): which sorted positions to keep
+    if rule == "max_reward":
+        ranks = ranks + (n - keep)
+    elif rule == "max_var":
+        # only the keep smallest and the keep largest of a row can be part of a candidate
+        ends = order if 2 * keep >= n else torch.cat([order[:, :keep], order[:, n - keep :]], dim=1)
+        ends = x.reshape(-1).index_select(0, ends.reshape(-1)).view(rows, -1)
+        split = _max_var_split(ends, keep, generator).unsqueeze(1)  # (R, 1)
+        ranks = ranks + (ranks >= split) * (n - keep)  # the split smallest and the keep - split largest
+    kept = order.gather(1, ranks.expand(rows, keep))  # (R, keep) flat indices, row r's in [r*n, (r+1)*n)
+    if rows > 1:  # sorting each row sorts the whole
+        return kept.sort(dim=1).values.reshape(-1).long()
+    mask = torch.zeros(n, dtype=torch.bool, device=x.device)  # cheaper than sorting one long row
+    return mask.index_fill_(0, kept[0].long(), True).nonzero().squeeze(1)
+
+
+def select_rollouts(
+    values: torch.Tensor,
+    keep: int,
+    *,
+    scope: str = "cross",
+    rule: str = "max_var",
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Choose the rollouts to keep.
+
+    Args:
+        values: (B, G) finite floating-point tensor; row b holds the values of prompt b's G rollouts.
+        keep: rollouts kept per prompt for ``scope="intra"`` (1 <= keep <= G), in total for
+            ``scope="cross"`` (1 <= keep <= B*G).
+        scope: ``"intra"`` (select within each row) or ``"cross"`` (select from the pooled B*G values).
+        rule: ``"max_var"`` (exact maximum-variance subset, see the module docstring), ``"max_reward"``
+            (the ``keep`` largest values) or ``"random"`` (uniform without replacement).
+        generator: source of all randomness (tie-breaking order, tied optima, the random rule); the same
+            generator state gives the same result. None uses torch's global generator.
+
+    Returns:
+        1-D int64 tensor on ``values.device`` of sorted flat indices into ``values.reshape(-1)``: B*keep
+        entries for intra (row b's entries lie in [b*G, (b+1)*G)), ``keep`` entries for cross.
+
+    Raises:
+        ValueError: non-2-D or non-floating values, NaN/inf, keep out of range, unknown scope or rule.
+        TypeError: values not a tensor, keep not an integer.
+    """
+    keep = _validate(values, keep, scope, rule)
+    # Inference mode skips autograd and version-counter bookkeeping on every op; the clone returns an
+    # ordinary tensor (inference tensors cannot be saved for backward, e.g. as the index of an index_select).
+    with torch.inference_mode():
+        kept = _select(values, keep, scope, rule, generator)
+    return kept.clone()
+
+
+@torch.no_grad()
+def selection_stats(values: torch.Tensor, indices: torch.Tensor) -> dict[str, float]:
+    """Summary of a selection for logging.
+
+    Args:
+        values: (B, G) tensor given to :func:`select_rollouts`.
+        indices: 1-D flat indices into ``values.reshape(-1)`` (its result), at least one.
+
+    Returns:
+        ``var_all`` / ``var_kept``: population variance of all B*G values / of the kept ones (pooled over
+        prompts); ``prompt_coverage``: fraction of the B prompts with at least one kept rollout.
+    """
+    if values.dim() != 2:
+        raise ValueError(f"values must be 2-D (B prompts, G rollouts), got shape {tuple(values.shape)}")
+    if indices.dim() != 1 or indices.numel() == 0:
+        raise ValueError(f"indices must be a non-empty 1-D tensor, got shape {tuple(indices.shape)}")
+    flat = values.detach().reshape(-1).to(torch.float64)
+    kept = flat[indices]
+    covered = torch.zeros(values.shape[0], dtype=torch.bool, device=values.device)
+    covered[indices // values.shape[1]] = True
+    return {
+        "var_all": flat.var(unbiased=False).item(),
+        "var_kept": kept.var(unbiased=False).item(),
+        "prompt_coverage": covered.double().mean().item(),
+    }

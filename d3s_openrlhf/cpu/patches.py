@@ -1,0 +1,183 @@
+"""CUDA -> CPU adjustments, applied in the driver and, through Ray's ``worker_process_setup_hook``, in every
+Ray worker process. Nothing on disk is edited: each adjustment replaces one attribute at run time.
+
+OpenRLHF modules are patched when (and only if) the process imports them (a post-import hook), so a worker
+that never touches DeepSpeed or vLLM does not pay for importing them -- OpenRLHF itself keeps DeepSpeed out
+of its vLLM actors on purpose.
+
+What is adjusted, and why:
+- ``torch.cuda.set_device/current_device/synchronize/empty_cache/current_stream``: called unconditionally
+  by OpenRLHF's actors and strategy; on CPU they become no-ops and ``current_device()`` returns the CPU
+  device, so ``tensor.to(torch.cuda.current_device())`` keeps tensors on the CPU.
+- ``init_device_mesh("cuda", ...)`` in ``openrlhf.utils.deepspeed.deepspeed``: built on the CPU instead.
+- ``NaiveReplayBuffer.__init__`` formats ``f"cuda:{torch.cuda.current_device()}"``; the wrapper lets it
+  format a device index, then points the buffer's target device at the CPU.
+- ``stateless_init_process_group`` in ``openrlhf.trainer.ray.ppo_actor`` (trainer side of the vLLM weight
+  sync): a gloo group instead of PyNccl, which disables itself silently on CPU (weights would stay stale).
+- ``RolloutRayActor`` in ``openrlhf.trainer.ray.vllm_engine`` (driver only, where ``create_vllm_engines``
+  runs): a subclass that loads the gloo weight-sync worker extension into vLLM (``create_vllm_engines``
+  hard-codes OpenRLHF's NCCL one).
+
+Only attributes that are looked up at call time are replaced (``torch.cuda.*``, class attributes, and module
+globals read by plain classes' methods). Methods of OpenRLHF's ``@ray.remote`` classes reach the workers
+pickled by value, with their own copy of the module globals they use, so a module global they read could not
+be replaced this way; none of the adjustments needs one.
+"""
+
+import contextlib
+import functools
+import importlib.abc
+import importlib.util
+import sys
+import threading
+
+_applied = False
+_lock = threading.Lock()
+_post_import = {}  # module name -> list of callables(module)
+
+
+class _PostImportFinder(importlib.abc.MetaPathFinder):
+    """Runs the registered callbacks right after a watched module has been executed."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in _post_import:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_then_patch(module):
+            exec_module(module)
+            for callback in _post_import.pop(fullname, []):
+                callback(module)
+
+        spec.loader.exec_module = exec_then_patch  # loaders are per-module instances
+        return spec
+
+
+_finder = _PostImportFinder()
+
+
+def when_imported(name, callback):
+    """Call ``callback(module)`` now if ``name`` is imported, else right after its first import."""
+    module = sys.modules.get(name)
+    if module is not None:
+        callback(module)
+        return
+    _post_import.setdefault(name, []).append(callback)
+    if _finder not in sys.meta_path:
+        sys.meta_path.insert(0, _finder)
+
+
+# ---------------------------------------------------------------------------------------------- torch.cuda
+# One function object per replaced attribute: torch._dynamo keys its trace rules by object and rejects an
+# object that appears under two names with different rules.
+def _set_device(device):
+    return None
+
+
+def _current_device():
+    import torch
+
+    return torch.device("cpu")
+
+
+def _synchronize(device=None):
+    return None
+
+
+def _empty_cache():
+    return None
+
+
+def _current_stream(device=None):
+    return None
+
+
+def _patch_torch_cuda():
+    import torch
+
+    torch.cuda.set_device = _set_device
+    torch.cuda.current_device = _current_device
+    torch.cuda.synchronize = _synchronize
+    torch.cuda.empty_cache = _empty_cache
+    torch.cuda.current_stream = _current_stream
+
+
+@contextlib.contextmanager
+def _current_device_is_index_zero():
+    import torch
+
+    saved = torch.cuda.current_device
+    torch.cuda.current_device = lambda: 0
+    try:
+        yield
+    finally:
+        torch.cuda.current_device = saved
+
+
+# --------------------------------------------------------------------------------------------- openrlhf
+def _patch_deepspeed_strategy(module):
+    upstream = module.init_device_mesh
+
+    @functools.wraps(upstream)
+    def init_device_mesh(device_type, *args, **kwargs):
+        return upstream("cpu" if device_type == "cuda" else device_type, *args, **kwargs)
+
+    module.init_device_mesh = init_device_mesh
+
+
+def _patch_replay_buffer(module):
+    import torch
+
+    cls = module.NaiveReplayBuffer
+    upstream = cls.__init__
+
+    @functools.wraps(upstream)
+    def __init__(self, *args, **kwargs):
+        with _current_device_is_index_zero():
+            upstream(self, *args, **kwargs)
+        self.target_device = torch.device("cpu")
+
+    cls.__init__ = __init__
+
+
+def _patch_ppo_actor(module):
+    from d3s_openrlhf.cpu.weight_sync import trainer_side_sync_group
+
+    module.stateless_init_process_group = trainer_side_sync_group
+
+
+def _patch_vllm_engine(module):
+    import ray
+
+    from d3s_openrlhf.cpu.vllm_engine import CPURolloutRayActor
+
+    module.RolloutRayActor = ray.remote(CPURolloutRayActor)
+
+
+def apply():
+    """Apply the adjustments every process needs (idempotent). This is the Ray ``worker_process_setup_hook``."""
+    global _applied
+    with _lock:
+        if _applied:
+            return
+        _applied = True
+    _patch_torch_cuda()
+    when_imported("openrlhf.utils.deepspeed.deepspeed", _patch_deepspeed_strategy)
+    when_imported("openrlhf.trainer.ppo_utils.replay_buffer", _patch_replay_buffer)
+    when_imported("openrlhf.trainer.ray.ppo_actor", _patch_ppo_actor)
+
+
+def apply_driver():
+    """:func:`apply` plus the engine swap, which only the process calling ``create_vllm_engines`` needs."""
+    apply()
+    when_imported("openrlhf.trainer.ray.vllm_engine", _patch_vllm_engine)

@@ -1,0 +1,175 @@
+"""The toy job's building blocks, shared by the demo (``d3s_openrlhf.cli.demo``) and the end-to-end tests.
+
+Each OpenRLHF stage runs as its own process under the CPU launcher (``python -m d3s_openrlhf.cli.cpu
+<module> ...``), so every stage starts and stops its own Ray head and exits like a user's command would.
+"""
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+from d3s_openrlhf.cpu import toy
+
+REWARD_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "arith_reward.py")
+D3S_ENTRYPOINT = "d3s_openrlhf.cli.train_ppo_ray"
+
+
+def launcher_command(module, args):
+    return [sys.executable, "-m", "d3s_openrlhf.cli.cpu", module, *[str(a) for a in args]]
+
+
+def run_logged(command, log_path, on_line=None, env=None, timeout=None):
+    """Run ``command``, appending its output to ``log_path`` and passing each line to ``on_line``; returns rc.
+
+    On timeout or Ctrl-C the process group is terminated (the launcher then stops its Ray head).
+    """
+    os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
+    with open(log_path, "a") as log:
+        process = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            env=env,
+            start_new_session=True,
+        )
+        try:
+            for line in process.stdout:
+                log.write(line)
+                if on_line is not None:
+                    on_line(line)
+            return process.wait(timeout=timeout)
+        except BaseException:
+            _terminate(process)
+            raise
+
+
+def _terminate(process):
+    import signal
+
+    for sig, wait in ((signal.SIGINT, 30), (signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+        if process.poll() is not None:
+            return
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """The toy addition task and the size of its SFT warm start."""
+
+    max_operand: int = 29
+    n_sft: int = 420
+    n_prompts: int = 400
+    n_heldout: int = 80
+    sft_epochs: int = 18
+    sft_lr: float = 1e-3
+    sft_batch_size: int = 16
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Prepared:
+    base_model: str
+    sft_model: str
+    task: toy.TaskFiles
+
+
+def sft_args(base_model, data, output_dir, config):
+    return [
+        "--model.model_name_or_path", base_model,
+        "--data.dataset", data,
+        "--data.input_key", "input",
+        "--data.output_key", "output",
+        "--data.input_template", "{}",
+        "--data.max_len", 32,
+        "--train.batch_size", config.sft_batch_size,
+        "--train.micro_batch_size", config.sft_batch_size,
+        "--train.max_epochs", config.sft_epochs,
+        "--train.seed", config.seed,
+        "--ds.zero_stage", 0,
+        "--ds.attn_implementation", "eager",
+        "--adam.lr", config.sft_lr,
+        "--lr_warmup_ratio", 0.02,
+        "--min_lr_ratio", 0.5,
+        "--ckpt.output_dir", output_dir,
+        "--ckpt.path", os.path.join(output_dir, "_ckpt"),
+    ]
+
+
+def prepare(workdir, config=TaskConfig(), log_path=None, on_line=None):
+    """Model, tokenizer and task files in ``workdir``, then the SFT warm start (``openrlhf.cli.train_sft``)."""
+    base = toy.save_model_and_tokenizer(os.path.join(workdir, "base_model"), seed=config.seed)
+    task = toy.write_task(
+        os.path.join(workdir, "data"),
+        max_operand=config.max_operand,
+        n_sft=config.n_sft,
+        n_prompts=config.n_prompts,
+        n_heldout=config.n_heldout,
+        seed=config.seed,
+    )
+    sft = os.path.join(workdir, "sft_model")
+    command = launcher_command("openrlhf.cli.train_sft", sft_args(base, task.sft, sft, config))
+    rc = run_logged(command, log_path or os.path.join(workdir, "logs", "sft.log"), on_line=on_line)
+    if rc != 0:
+        raise RuntimeError(f"SFT failed (exit {rc}); see {log_path or os.path.join(workdir, 'logs', 'sft.log')}")
+    return Prepared(base_model=base, sft_model=sft, task=task)
+
+
+@dataclass
+class RLConfig:
+    """One GRPO run on the toy task through ``train_ppo_ray`` (the D3S entrypoint by default)."""
+
+    prompts_per_step: int = 16
+    samples_per_prompt: int = 8
+    steps: int = 4  # per episode
+    episodes: int = 1  # passes over the same prompts
+    train_batch_size: int = 16
+    micro_batch_size: int = 16
+    lr: float = 2e-4
+    estimator: str = "group_norm"
+    actor_gpus: int = 1
+    zero_stage: int = 2
+    extra: list = field(default_factory=list)  # more flags, e.g. --d3s.* or --train.async_enable
+
+
+def ppo_args(model, task, out_dir, config):
+    return [
+        "--actor.model_name_or_path", model,
+        "--reward.remote_url", REWARD_FILE,
+        "--data.prompt_dataset", task.prompts,
+        "--data.input_key", "input",
+        "--data.label_key", "label",
+        "--data.max_samples", config.prompts_per_step * config.steps,
+        "--train.num_episodes", config.episodes,
+        "--data.max_len", 16,
+        "--rollout.max_new_tokens", 4,
+        "--rollout.batch_size", config.prompts_per_step,
+        "--rollout.n_samples_per_prompt", config.samples_per_prompt,
+        "--rollout.micro_batch_size", config.micro_batch_size,
+        "--train.batch_size", config.train_batch_size,
+        "--train.micro_batch_size", config.micro_batch_size,
+        "--algo.advantage.estimator", config.estimator,
+        "--algo.kl.init_coef", 0,
+        "--actor.num_nodes", 1,
+        "--actor.num_gpus_per_node", config.actor_gpus,
+        "--actor.adam.lr", config.lr,
+        "--actor.lr_warmup_ratio", 0,
+        "--vllm.num_engines", 1,
+        "--vllm.sync_backend", "gloo",
+        "--vllm.enforce_eager",
+        "--ds.zero_stage", config.zero_stage,
+        "--ds.attn_implementation", "eager",
+        "--logger.tensorboard_dir", os.path.join(out_dir, "tensorboard"),
+        "--ckpt.output_dir", os.path.join(out_dir, "final_model"),
+        "--ckpt.path", os.path.join(out_dir, "checkpoints"),
+        *config.extra,
+    ]

@@ -1,0 +1,121 @@
+"""Activation of the CPU runtime in the driver process.
+
+:func:`activate` (idempotent)
+ - applies :mod:`d3s_openrlhf.cpu.patches` in this process;
+ - connects to the Ray cluster given by ``address`` / ``RAY_ADDRESS``, or starts a local Ray head bound to
+   the loopback address only, with the fake GPU resources OpenRLHF's placement groups ask for (OpenRLHF
+   waits on ``pg.ready()`` without a timeout, so too few GPUs would hang, not fail);
+ - gives every Ray worker of the job the same adjustments through the job's runtime environment
+   (``worker_process_setup_hook`` plus environment variables); nothing in site-packages is edited;
+ - sets the single-process ``torch.distributed`` variables for modules that train in the driver itself
+   (``openrlhf.cli.train_sft``), unless they are already set.
+:func:`shutdown` disconnects, which also stops a head that :func:`activate` started.
+
+Other entrypoints opt in with ``D3S_OPENRLHF_CPU=1`` and call :func:`activate_if_requested` first.
+"""
+
+import atexit
+import os
+import socket
+
+ENV_FLAG = "D3S_OPENRLHF_CPU"
+SETUP_HOOK = "d3s_openrlhf.cpu.patches.apply"
+DEFAULT_FAKE_GPUS = 8
+DEFAULT_LOGICAL_CPUS = 32
+
+# Environment every Ray worker of the job gets (values already set in the driver win).
+WORKER_ENV_DEFAULTS = {
+    # vLLM CPU: KV cache size in GiB; its default (4) does not fit beside the trainers on small machines.
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    # Let the engine use the cores it is given instead of pinning OpenMP threads to fixed cores.
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    # The same three OpenRLHF's train() would pass when it initialises Ray itself.
+    "TOKENIZERS_PARALLELISM": "true",
+    "NCCL_DEBUG": "WARN",
+    "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1",
+    ENV_FLAG: "1",
+}
+
+_state = {"active": False}
+
+
+def requested():
+    return os.environ.get(ENV_FLAG, "") == "1"
+
+
+def activate_if_requested(**kwargs):
+    """Activate the CPU runtime if ``D3S_OPENRLHF_CPU=1``; return whether it is active. For entrypoints."""
+    if not requested():
+        return False
+    activate(**kwargs)
+    return True
+
+
+def _worker_env():
+    env = {}
+    for key, default in WORKER_ENV_DEFAULTS.items():
+        env[key] = os.environ.get(key, default)
+    for key in ("TORCH_EXTENSIONS_DIR", "OMP_NUM_THREADS", "PYTHONPATH", "HF_HUB_OFFLINE"):
+        if key in os.environ:
+            env[key] = os.environ[key]
+    return env
+
+
+def _free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def activate(address=None, num_gpus=DEFAULT_FAKE_GPUS, num_cpus=None, object_store_gb=1.0):
+    """Make this process (and the Ray job it starts or joins) run OpenRLHF on CPU. Idempotent."""
+    if _state["active"]:
+        return
+    os.environ[ENV_FLAG] = "1"
+    for key, default in WORKER_ENV_DEFAULTS.items():
+        os.environ.setdefault(key, default)
+
+    from d3s_openrlhf.cpu import patches
+
+    patches.apply_driver()
+
+    import ray
+
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    runtime_env = {"env_vars": _worker_env(), "worker_process_setup_hook": SETUP_HOOK}
+    if address:
+        ray.init(address=address, runtime_env=runtime_env)
+    else:
+        # With Ray's multi-node switch off, the node address is the loopback one and every Ray server
+        # listens on 127.0.0.1 only: the environment variable for Ray's own processes, the constant for this
+        # one (read when ray was imported).
+        import ray._private.ray_constants as ray_constants
+
+        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+        ray_constants.ENABLE_RAY_CLUSTER = False
+        ray.init(
+            address="local",
+            num_gpus=num_gpus,
+            num_cpus=num_cpus or max(DEFAULT_LOGICAL_CPUS, os.cpu_count() or 1),
+            object_store_memory=int(object_store_gb * 2**30),
+            include_dashboard=False,
+            runtime_env=runtime_env,
+        )
+    _state["active"] = True
+    atexit.register(shutdown)
+
+    # openrlhf.cli.train_sft trains in this process: a one-rank torch.distributed world. Set after Ray
+    # started, so that Ray's own processes do not inherit them.
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
+        os.environ.setdefault(key, value)
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+
+
+def shutdown():
+    """Disconnect from Ray; a head started by :func:`activate` stops with it, its workers included."""
+    if not _state["active"]:
+        return
+    import ray
+
+    ray.shutdown()
+    _state["active"] = False

@@ -1,0 +1,1 @@
+"""Data preparation: ``python -m d3s_openrlhf.data.prepare`` turns math datasets into OpenRLHF prompt JSONL."""

@@ -1,0 +1,165 @@
+"""D3S trainers: OpenRLHF's ``PPOTrainer`` (sync) and ``PPOTrainerAsync`` with the D3S experience maker.
+
+Both OpenRLHF trainers are ``@ray.remote`` classes, so we subclass their ``__ray_actor_class__`` and wrap the
+subclass with ``ray.remote`` again (the wrapped classes are what ``openrlhf.cli.train_ppo_ray`` instantiates
+once the entrypoint has swapped them in).
+
+Every training step (``train_step``, shared by both modes through ``D3STrainerMixin``):
+
+* (N, K) = ``DownSamplingSchedule.at(global_step)``; the horizon is ``--d3s.schedule_steps`` or else the run's
+  number of rollout steps, ceil(prompts / rollout.batch_size) * num_episodes. The global step is the one
+  OpenRLHF restores from its checkpoint, so a resumed run continues the schedule where it stopped.
+* The ``d3s/*`` metrics of the experience maker are merged into the step's status, which OpenRLHF prints and
+  hands to its wandb / tensorboard loggers.
+* The rollout statistics (``rollout/*``) still describe all generated rollouts, not only the kept ones.
+* ``kl_ctl.update`` receives the number of rollouts actually trained instead of the nominal B*G.
+
+The async trainer builds its ``TrainingActor`` and ``GenerateSamplesActor`` inside ``PPOTrainerAsync.__init__``
+from module globals of ``openrlhf.trainer.ppo_trainer_async``; ``D3SPPOTrainerAsync`` points those two globals
+at the D3S subclasses for the duration of that constructor (in its own Ray worker process) and restores them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Dict, Tuple
+
+import ray
+from openrlhf.trainer import ppo_trainer_async
+from openrlhf.trainer.ppo_trainer import PPOTrainer
+from openrlhf.trainer.ppo_trainer_async import GenerateSamplesActor, PPOTrainerAsync, TrainingActor
+
+from d3s_openrlhf.integration.experience_maker import D3SExperienceMaker, config_from_args
+
+
+def rollout_steps(num_prompts: int, args) -> int:
+    """Rollout (= training) steps of a run over ``num_prompts`` prompts: one per rollout batch, every episode.
+
+    Exact without dynamic filtering; with ``--algo.dynamic_filtering_enable`` filtered prompts make steps
+    consume more prompts, so the run has fewer steps than this (set ``--d3s.schedule_steps`` then).
+    """
+    return max(1, math.ceil(num_prompts / args.rollout.batch_size) * args.train.num_episodes)
+
+
+class _KeptCountKLController:
+    """The trainer's KL controller, with ``update`` told the number of rollouts trained rather than B*G."""
+
+    def __init__(self, inner, trained_rollouts):
+        self.inner = inner
+        self.trained_rollouts = trained_rollouts
+
+    @property
+    def value(self):
+        return self.inner.value
+
+    def update(self, current, n_steps):
+        trained = self.trained_rollouts()
+        self.inner.update(current, int(trained) if trained is not None else n_steps)
+
+
+class D3STrainerMixin:
+    """Shared D3S behaviour of the sync trainer and the async training actor (put first in the bases)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.d3s = config_from_args(self.args)
+        if self.d3s is None:
+            raise ValueError("the D3S trainers need the D3S config in the host args (args.d3s)")
+        self.kl_ctl = _KeptCountKLController(
+            self.kl_ctl, lambda: self.experience_maker.last_metrics.get("d3s/kept_rollouts")
+        )
+        self.experience_maker = D3SExperienceMaker(
+            self.actor_model_group,
+            self.critic_model_group,
+            self.reward_model_group,
+            self.reference_model_group,
+            self.kl_ctl,
+            self.strategy,
+            self.tokenizer,
+            d3s_config=self.d3s,
+        )
+        self.d3s_rollout_steps = None
+
+    def set_d3s_rollout_steps(self, steps: int) -> None:
+        """The run's number of rollout steps (the schedule's horizon unless ``--d3s.schedule_steps`` is set)."""
+        self.d3s_rollout_steps = int(steps)
+
+    def d3s_schedule_point(self, global_step: int) -> Tuple[int, float]:
+        if self.d3s.schedule_steps <= 0 and self.d3s_rollout_steps is None:
+            raise RuntimeError("the D3S schedule horizon is unknown: set_d3s_rollout_steps was never called")
+        schedule = self.d3s.schedule_for(self.d3s_rollout_steps or 1)
+        n, k = schedule.at(global_step)
+        if not self.d3s.samples_enabled:
+            n = self.args.rollout.n_samples_per_prompt
+        return n, k
+
+    def train_step(self, rollout_samples, global_step: int) -> Tuple[Dict, int]:
+        n, k = self.d3s_schedule_point(global_step)
+        self.experience_maker.set_schedule_point(global_step, n, k)
+        status, next_step = super().train_step(rollout_samples, global_step)
+        status.update(self.experience_maker.last_metrics)
+        return status, next_step
+
+    def _compute_rollout_stats(self, experiences) -> Dict:
+        # The experiences hold the kept rollouts only; the statistics describe everything generated.
+        all_rollouts = self.experience_maker.last_rollouts
+        return super()._compute_rollout_stats(all_rollouts if all_rollouts is not None else experiences)
+
+
+def _remote_like(upstream_actor_class, cls):
+    """``ray.remote`` with the same default options as the upstream actor class."""
+    options = dict(getattr(upstream_actor_class, "_default_options", None) or {})
+    return ray.remote(**options)(cls) if options else ray.remote(cls)
+
+
+class _D3SPPOTrainer(D3STrainerMixin, PPOTrainer.__ray_actor_class__):
+    """Sync trainer: the horizon comes from its own prompt dataloader."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.set_d3s_rollout_steps(rollout_steps(len(self.prompts_dataloader), self.args))
+
+
+class _D3STrainingActor(D3STrainerMixin, TrainingActor.__ray_actor_class__):
+    """Async training actor: the horizon is set by ``D3SPPOTrainerAsync`` from the generator actor."""
+
+
+class _D3SGenerateSamplesActor(GenerateSamplesActor.__ray_actor_class__):
+    """Async generator actor that can report the run's number of rollout steps."""
+
+    def d3s_rollout_steps(self) -> int:
+        return rollout_steps(len(self.prompts_dataloader), self.args)
+
+
+D3SPPOTrainer = _remote_like(PPOTrainer, _D3SPPOTrainer)
+D3STrainingActor = _remote_like(TrainingActor, _D3STrainingActor)
+D3SGenerateSamplesActor = _remote_like(GenerateSamplesActor, _D3SGenerateSamplesActor)
+
+
+@contextlib.contextmanager
+def swap_module_globals(module, **replacements):
+    """Point module globals at other objects inside the ``with`` block; the originals come back after it."""
+    saved = {name: getattr(module, name) for name in replacements}
+    for name, value in replacements.items():
+        setattr(module, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(module, name, value)
+
+
+class _D3SPPOTrainerAsync(PPOTrainerAsync.__ray_actor_class__):
+    """Async trainer whose generator and training actors are the D3S ones."""
+
+    def __init__(self, *args, **kwargs):
+        with swap_module_globals(
+            ppo_trainer_async, TrainingActor=D3STrainingActor, GenerateSamplesActor=D3SGenerateSamplesActor
+        ):
+            super().__init__(*args, **kwargs)
+        steps = ray.get(self.generator_actor.d3s_rollout_steps.remote())
+        ray.get(self.trainer_actor.set_d3s_rollout_steps.remote(steps))
+
+
+D3SPPOTrainerAsync = _remote_like(PPOTrainerAsync, _D3SPPOTrainerAsync)

@@ -1,0 +1,636 @@
+"""The D3S actor trainer and policy actor around real OpenRLHF 0.11 objects.
+
+Real: OpenRLHF's ``Actor`` (a tiny Llama written to a temporary directory, no hub), ``ActorPPOTrainer``
+(``__init__``, ``ppo_train``, ``training_step``), ``NaiveReplayBuffer`` (append/split/collate, dynamic batching),
+``PolicyLoss``, ``aggregate_loss``, ``loss_utils``, ``PolicyModelActor.forward`` and
+``PolicyModelActor.init_model_from_pretrained``, with a one-process gloo group for their collectives.
+Stand-ins: ``MiniStrategy`` replaces DeepspeedStrategy (no DeepSpeed engine: backward scales by 1/gas like the
+engine, the optimizer step is skipped so the tests can read the accumulated gradients), and the CUDA calls that
+OpenRLHF makes unconditionally (``torch.cuda.current_device/synchronize/empty_cache``) are pointed at the CPU.
+"""
+
+import copy
+import math
+import os
+import socket
+import subprocess
+import sys
+from types import SimpleNamespace as NS
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import openrlhf.trainer.ray.ppo_actor as ppo_actor
+from openrlhf.models import Actor, PolicyLoss
+from openrlhf.models.utils import compute_approx_kl
+from openrlhf.trainer.ppo_utils import NaiveReplayBuffer
+from openrlhf.trainer.ppo_utils.experience import Experience
+from openrlhf.utils import loss_utils
+
+from d3s_openrlhf.core.config import D3SConfig
+from d3s_openrlhf.integration.actor import (
+    PG_MASK_KEY,
+    D3SActorPPOTrainer,
+    D3SPolicyLoss,
+    D3SPolicyModelActor,
+    D3SReplayBuffer,
+    pg_mask_from_rows,
+    scaled_max_steps,
+)
+
+VOCAB = 128
+PROMPT = 3
+WIDTH = 5
+
+
+# --------------------------------------------------------------------------------------------------------------
+# fixtures
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    path = tmp_path_factory.mktemp("tiny-llama")
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(path)
+    vocab = {f"t{i}": i for i in range(VOCAB - 3)} | {"<unk>": VOCAB - 3, "<pad>": VOCAB - 2, "</s>": VOCAB - 1}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    special = dict(unk_token="<unk>", pad_token="<pad>", eos_token="</s>")
+    PreTrainedTokenizerFast(tokenizer_object=tok, **special).save_pretrained(path)
+    return str(path)
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def process_group():
+    """A one-rank gloo group (ActorPPOTrainer's barrier, the loss normalisers' all-reduces, the device mesh)."""
+    if dist.is_initialized():
+        yield
+        return
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def point_cuda_at_cpu(monkeypatch):
+    """OpenRLHF calls torch.cuda unconditionally; on this CPU build point those calls at the CPU."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    return monkeypatch
+
+
+@pytest.fixture
+def cpu_cuda(monkeypatch, process_group):
+    return point_cuda_at_cpu(monkeypatch)
+
+
+def load_actor(model_dir, **kwargs):
+    actor = Actor(model_dir, attn_implementation="eager", param_dtype="bf16", **kwargs)
+    actor.model.float()  # fp32 so that reference comparisons can be tight
+    return actor
+
+
+def make_args(**overrides):
+    args = NS(
+        train=NS(
+            max_epochs=1,
+            micro_batch_size=2,
+            batch_size=4,
+            dynamic_batch_enable=False,
+            colocate_all=False,
+            async_enable=False,
+            max_tokens_per_gpu=16,
+            enable_ema=False,
+            ema_beta=0.992,
+        ),
+        actor=NS(
+            eps_clip_low_high=(0.2, 0.2),
+            eps_clip=0.2,
+            dual_clip=None,
+            loss_agg_mode="token-mean",
+            policy_loss_type="ppo",
+            aux_loss_coef=0.0,
+            entropy_coef=None,
+            gradient_checkpointing_enable=False,
+            gradient_checkpointing_reentrant=False,
+            optim="adam",
+            muon=NS(),
+            adam=NS(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0),
+            lr_scheduler="constant",
+            lr_warmup_ratio=0.0,
+            min_lr_ratio=0.1,
+            max_norm=1.0,
+            num_nodes=1,
+            num_gpus_per_node=1,
+        ),
+        algo=NS(
+            advantage=NS(
+                is_correction_level="off",
+                is_correction_mode="mask",
+                is_correction_gating="ratio",
+                is_correction_threshold=(0.5, 5.0),
+            ),
+            kl=NS(use_loss=False, init_coef=0.0, estimator="k3", unbiased_gradient=False),
+        ),
+        ds=NS(
+            packing_samples=False,
+            tensor_parallel_size=1,
+            ring_attn_size=1,
+            attn_implementation="eager",
+            experts_implementation=None,
+            param_dtype="bf16",
+            load_in_4bit=False,
+            lora=NS(rank=0, alpha=16, target_modules=None, dropout=0),
+            use_liger_kernel=False,
+            enable_sleep=False,
+        ),
+        vllm=NS(sync_backend="gloo"),
+        rollout=NS(batch_size=2, n_samples_per_prompt=4, micro_batch_size=1, temperature=1.0),
+        ckpt=NS(save_hf=False, disable_ds=True, load_enable=False, path="/nonexistent-d3s-ckpt"),
+        data=NS(disable_fast_tokenizer=False),
+    )
+    for key, value in overrides.items():
+        group, *rest = key.split("__")
+        target = getattr(args, group)
+        for part in rest[:-1]:
+            target = getattr(target, part)
+        setattr(target, rest[-1], value)
+    return args
+
+
+class MiniStrategy:
+    """What ActorPPOTrainer and PolicyModelActor use of DeepspeedStrategy, for one CPU process without DeepSpeed."""
+
+    def __init__(self, args, gas=1, device_mesh=None):
+        self.args = args
+        self.accumulated_gradient = gas
+        self.ring_attn_group = None
+        self.ds_device_mesh = device_mesh
+        self.prepared_cfg = None
+
+    def is_rank_0(self):
+        return True
+
+    def print(self, *args):
+        pass
+
+    def backward(self, loss, model, optimizer):
+        (loss / self.accumulated_gradient).backward()  # a DeepSpeed engine scales by 1 / gas
+
+    def optimizer_step(self, optimizer, model, scheduler, name=None):
+        pass  # keep the accumulated gradients for the test to read
+
+    def get_grad_norm(self, model):
+        return math.sqrt(sum(float(p.grad.pow(2).sum()) for p in model.parameters() if p.grad is not None))
+
+    def all_reduce(self, data, op="mean"):
+        return data  # one rank
+
+    def setup_distributed(self):
+        pass
+
+    def get_ds_train_config(self):
+        return None
+
+    def get_ds_eval_config(self, offload=False):
+        return None
+
+    def prepare(self, model_and_cfg):
+        model, cfg = model_and_cfg
+        self.prepared_cfg = cfg
+        optim = torch.optim.AdamW(model.parameters(), lr=cfg["adam"]["lr"])
+        return model, optim, torch.optim.lr_scheduler.LambdaLR(optim, lambda step: 1.0)
+
+
+def make_trainer(cls, actor, strategy, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)  # NaiveReplayBuffer formats f"cuda:{device}"
+    optim = torch.optim.AdamW(actor.parameters(), lr=1e-3)
+    trainer = cls(
+        strategy,
+        actor,
+        None,
+        optim,
+        torch.optim.lr_scheduler.LambdaLR(optim, lambda step: 1.0),
+        micro_train_batch_size=strategy.args.train.micro_batch_size,
+        dataloader_pin_memory=False,
+    )
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")
+    return trainer
+
+
+def make_experience(actor, seed, rows=4, pg="random"):
+    """A batch as the experience maker hands it over: right-padded responses, old/ref log-probs near the current
+    policy's, per-token advantages, and (unless pg is None) the token mask as (rows, WIDTH + 2) bool rows."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(2, WIDTH + 1, (rows,), generator=g)
+    lengths[0] = WIDTH
+    sequences = torch.randint(0, VOCAB - 3, (rows, PROMPT + WIDTH), generator=g)
+    attention_mask = torch.zeros(rows, PROMPT + WIDTH, dtype=torch.long)
+    for i, n in enumerate(lengths.tolist()):
+        attention_mask[i, : PROMPT + n] = 1
+        sequences[i, PROMPT + n :] = VOCAB - 2
+    action_mask = torch.arange(WIDTH)[None, :] < lengths[:, None]
+    with torch.no_grad():
+        current = actor(sequences, action_mask, attention_mask)
+    noise = lambda scale: scale * torch.randn(rows, WIDTH, generator=g) * action_mask  # noqa: E731
+    advantages = (torch.randn(rows, 1, generator=g) + 0.2 * torch.randn(rows, WIDTH, generator=g)) * action_mask
+    info = {}
+    if pg is not None:
+        wide = torch.zeros(rows, WIDTH + 2, dtype=torch.bool)
+        if pg == "all":
+            wide[:, :WIDTH] = True
+        else:
+            wide[:, :WIDTH] = (torch.rand(rows, WIDTH, generator=g) < 0.5) & action_mask
+            wide[1] = False  # a sequence with no kept token
+            wide[0, 0] = True
+        info[PG_MASK_KEY] = wide
+    return Experience(
+        sequences=sequences,
+        attention_mask=attention_mask,
+        action_mask=action_mask,
+        action_log_probs=current + noise(0.05),
+        base_action_log_probs=current + noise(0.1),
+        advantages=advantages,
+        response_length=lengths.float(),
+        total_length=(PROMPT + lengths).float(),
+        info=info,
+    )
+
+
+def as_training_batch(experience):
+    """The experience as a training micro-batch: pg rows as a list of 1-D tensors (what make_experience_batch
+    produces from the replay buffer's items)."""
+    batch = copy.deepcopy(experience)
+    if PG_MASK_KEY in batch.info:
+        batch.info[PG_MASK_KEY] = list(batch.info[PG_MASK_KEY].unbind(0))
+    return batch
+
+
+def grads(model):
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def assert_grads_equal(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert torch.equal(x, y)
+
+
+def record_loss_calls(loss_fn):
+    """Record, per PolicyLoss call, the selection in force and upstream's normalisers."""
+    calls = []
+
+    def hook(module, args, kwargs):
+        calls.append(
+            dict(
+                selection=module.selection,
+                action_mask=kwargs["action_mask"],
+                batch_num_tokens=kwargs["batch_num_tokens"],
+                global_batch_size=kwargs["global_batch_size"],
+            )
+        )
+
+    loss_fn.register_forward_pre_hook(hook, with_kwargs=True)
+    return calls
+
+
+# --------------------------------------------------------------------------------------------------------------
+# training_step
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+@pytest.mark.parametrize("pg", [None, "all"], ids=["no-mask", "all-kept"])
+def test_training_step_is_upstream_bit_for_bit_without_mask_or_with_everything_kept(model_dir, cpu_cuda, agg, pg):
+    args = make_args(
+        actor__loss_agg_mode=agg, actor__entropy_coef=0.01, algo__kl__use_loss=True, algo__kl__init_coef=0.01
+    )
+    upstream_actor, d3s_actor = load_actor(model_dir), load_actor(model_dir)
+    experience = make_experience(upstream_actor, seed=1, pg=pg)
+    upstream = make_trainer(ppo_actor.ActorPPOTrainer, upstream_actor, MiniStrategy(args), cpu_cuda)
+    d3s = make_trainer(D3SActorPPOTrainer, d3s_actor, MiniStrategy(args), cpu_cuda)
+    upstream_batch = as_training_batch(experience)
+    upstream_batch.info.pop(PG_MASK_KEY, None)  # upstream cannot log a list of rows; D3S pops it
+    expected = upstream.training_step(upstream_batch, 0.1, 0)
+    got = d3s.training_step(as_training_batch(experience), 0.1, 0)
+    assert_grads_equal(grads(d3s_actor), grads(upstream_actor))
+    for key in ("policy_loss", "kl", "entropy_loss", "ppo_clip_ratio", "ppo_kl"):
+        assert torch.equal(got["metrics"][key], expected["metrics"][key]), key
+    assert PG_MASK_KEY not in got["metrics"]
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+def test_masked_training_step_gradient_is_the_reference_pg_loss_plus_upstreams_kl(model_dir, cpu_cuda, agg):
+    kl_ctl = 0.3
+    args = make_args(actor__loss_agg_mode=agg, algo__kl__use_loss=True, algo__kl__init_coef=0.01)
+    actor, reference_actor = load_actor(model_dir), load_actor(model_dir)
+    experience = make_experience(actor, seed=2)
+    trainer = make_trainer(D3SActorPPOTrainer, actor, MiniStrategy(args), cpu_cuda)
+    trainer.training_step(as_training_batch(experience), kl_ctl, 0)
+
+    e = experience
+    am, kept = e.action_mask, pg_mask_from_rows(e.info[PG_MASK_KEY], e.action_mask)
+    log_probs = reference_actor(e.sequences, am, e.attention_mask)
+    ratio = (log_probs - e.action_log_probs).exp()
+    per_token = -torch.minimum(ratio * e.advantages, ratio.clamp(0.8, 1.2) * e.advantages)
+    if agg == "token-mean":  # one micro-batch, one rank: normalised by its kept tokens
+        pg_loss = (per_token * kept).sum() / kept.sum()
+    else:  # per sequence over its kept tokens, averaged over the sequences that keep any
+        n_kept = kept.sum(-1)
+        pg_loss = ((per_token * kept).sum(-1)[n_kept > 0] / n_kept[n_kept > 0]).mean()
+    kl = compute_approx_kl(log_probs, e.base_action_log_probs, log_probs_old=e.action_log_probs, kl_estimator="k3")
+    kl_loss = (kl * am).sum() / am.sum()  # upstream: full response mask, token mean
+    (pg_loss + kl_ctl * kl_loss).backward()
+    for got, expected in zip(grads(actor), grads(reference_actor)):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-7)
+
+
+def test_advantages_of_dropped_tokens_do_not_reach_the_gradient(model_dir, cpu_cuda):
+    args = make_args()
+    results = []
+    for change in (None, "dropped", "kept"):
+        actor = load_actor(model_dir)
+        experience = make_experience(actor, seed=3)
+        kept = pg_mask_from_rows(experience.info[PG_MASK_KEY], experience.action_mask)
+        if change is not None:
+            where = (~kept & experience.action_mask) if change == "dropped" else kept
+            experience.advantages = experience.advantages + 5.0 * where
+        trainer = make_trainer(D3SActorPPOTrainer, actor, MiniStrategy(args), cpu_cuda)
+        trainer.training_step(as_training_batch(experience), 0.0, 0)
+        results.append(grads(actor))
+    assert_grads_equal(results[1], results[0])
+    assert any(not torch.equal(a, b) for a, b in zip(results[2], results[0]))
+
+
+def test_normalisers_without_the_pg_ones_are_refused(model_dir, cpu_cuda):
+    actor = load_actor(model_dir)
+    trainer = make_trainer(D3SActorPPOTrainer, actor, MiniStrategy(make_args()), cpu_cuda)
+    batch = as_training_batch(make_experience(actor, seed=4))
+    norms = loss_utils.get_loss_batch_info(trainer.strategy, batch.action_mask)
+    with pytest.raises(ValueError, match="kept-token normalisers"):
+        trainer.training_step(batch, 0.0, 0, norms)
+
+
+def test_trainer_builds_the_d3s_loss_and_buffer_and_restores_upstreams_names(model_dir, cpu_cuda):
+    args = make_args(actor__dual_clip=3.0, actor__policy_loss_type="gspo", actor__eps_clip_low_high=(0.1, 0.3))
+    trainer = make_trainer(D3SActorPPOTrainer, load_actor(model_dir), MiniStrategy(args), cpu_cuda)
+    upstream = make_trainer(ppo_actor.ActorPPOTrainer, load_actor(model_dir), MiniStrategy(args), cpu_cuda)
+    assert type(trainer.actor_loss_fn) is D3SPolicyLoss and type(trainer.replay_buffer) is D3SReplayBuffer
+    public = lambda m: {k: v for k, v in vars(m).items() if not k.startswith("_")}  # noqa: E731
+    assert public(trainer.actor_loss_fn) == public(upstream.actor_loss_fn)
+    assert ppo_actor.PolicyLoss is PolicyLoss and ppo_actor.NaiveReplayBuffer is NaiveReplayBuffer
+
+
+# --------------------------------------------------------------------------------------------------------------
+# ppo_train: windows and dynamic batching
+
+
+def fill(trainer, actor, seeds, pg="random"):
+    for seed in seeds:
+        trainer.replay_buffer.append(make_experience(actor, seed=seed, pg=pg))
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+def test_ppo_train_gives_every_window_its_kept_token_normalisers(model_dir, cpu_cuda, agg):
+    gas = 2
+    args = make_args(actor__loss_agg_mode=agg)
+    actor = load_actor(model_dir)
+    trainer = make_trainer(D3SActorPPOTrainer, actor, MiniStrategy(args, gas=gas), cpu_cuda)
+    fill(trainer, actor, seeds=(10, 11, 12))  # 12 samples, micro-batches of 2: 6 micro-batches, 3 windows
+    calls = record_loss_calls(trainer.actor_loss_fn)
+    trainer.ppo_train(0.0)
+    assert len(calls) == 6
+    assert ppo_actor.iter_grad_accum_global_norm is loss_utils.iter_grad_accum_global_norm
+    for start in range(0, len(calls), gas):
+        window = calls[start : start + gas]
+        kept = [c["selection"][0] for c in window]
+        tokens = sum(int(k.sum()) for k in kept) / gas
+        seqs = sum(int(k.any(-1).sum()) for k in kept) / gas
+        full_tokens = sum(int(c["action_mask"].sum()) for c in window) / gas
+        for c in window:
+            assert c["selection"][1].item() == pytest.approx(tokens)
+            assert c["selection"][2].item() == pytest.approx(seqs)
+            assert c["batch_num_tokens"].item() == pytest.approx(full_tokens)  # upstream's, untouched
+    assert all(PG_MASK_KEY in item.info for item in trainer.replay_buffer.items)  # items keep their rows (epochs)
+
+
+def test_ppo_train_without_masks_is_upstream_bit_for_bit_and_restores_the_iterator(model_dir, cpu_cuda):
+    args = make_args()
+    runs = []
+    for cls in (ppo_actor.ActorPPOTrainer, D3SActorPPOTrainer):
+        actor = load_actor(model_dir)
+        trainer = make_trainer(cls, actor, MiniStrategy(args, gas=2), cpu_cuda)
+        fill(trainer, actor, seeds=(20, 21), pg=None)
+        torch.manual_seed(7)  # the DataLoader's shuffle
+        status = trainer.ppo_train(0.0)
+        runs.append((grads(actor), status))
+    assert_grads_equal(runs[1][0], runs[0][0])
+    assert runs[1][1]["policy_loss"] == runs[0][1]["policy_loss"]
+
+    # the module-level iterator is restored even when training fails
+    actor = load_actor(model_dir)
+    trainer = make_trainer(D3SActorPPOTrainer, actor, MiniStrategy(args, gas=2), cpu_cuda)
+    fill(trainer, actor, seeds=(22,))
+
+    def fail(module, args, kwargs):
+        raise RuntimeError("boom")
+
+    trainer.actor_loss_fn.register_forward_pre_hook(fail, with_kwargs=True)
+    with pytest.raises(RuntimeError, match="boom"):
+        trainer.ppo_train(0.0)
+    assert ppo_actor.iter_grad_accum_global_norm is loss_utils.iter_grad_accum_global_norm
+
+
+def dynamic_setup(model_dir, cpu_cuda, cls, dp=1, train_batch_size=4):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    # 2 prompts x 4 samples = 8 per rollout step; with train batch 4: 2 dynamic steps; max 16 tokens per
+    # micro-batch (several micro-batches per step)
+    args = make_args(
+        train__dynamic_batch_enable=True, train__max_tokens_per_gpu=16, train__batch_size=train_batch_size
+    )
+    mesh = init_device_mesh("cpu", (dp,), mesh_dim_names=("dp",))
+    actor = load_actor(model_dir)
+    return actor, make_trainer(cls, actor, MiniStrategy(args, device_mesh=mesh), cpu_cuda)
+
+
+def test_dynamic_batching_counts_kept_tokens_per_dynamic_step(model_dir, cpu_cuda):
+    actor, trainer = dynamic_setup(model_dir, cpu_cuda, D3SActorPPOTrainer)
+    fill(trainer, actor, seeds=(30, 31))
+    calls = record_loss_calls(trainer.actor_loss_fn)
+    trainer.ppo_train(0.0)
+    buffer = trainer.replay_buffer
+    assert len(buffer.dynamic_indices) > 2  # several micro-batches per optimizer step
+    assert len(calls) == len(buffer.dynamic_indices)
+
+    step_items, expected = [], []
+    for indices, last in zip(buffer.dynamic_indices, buffer.dynamic_optimizer_step):
+        step_items.append(indices)
+        if last:
+            kept = [
+                pg_mask_from_rows([buffer.items[i].info[PG_MASK_KEY]], buffer.items[i].action_mask[None])
+                for group in step_items
+                for i in group
+            ]
+            tokens, seqs = float(sum(int(k.sum()) for k in kept)), float(sum(int(k.any()) for k in kept))
+            expected.extend([(tokens, seqs)] * len(step_items))
+            step_items = []
+    assert list(zip(buffer.d3s_pg_batch_num_tokens, buffer.d3s_pg_global_batch_size)) == expected
+    for call, (tokens, seqs), upstream_tokens in zip(calls, expected, buffer.dynamic_batch_num_tokens):
+        assert call["selection"][1].item() == tokens and call["selection"][2].item() == seqs
+        assert call["batch_num_tokens"].item() == upstream_tokens
+        assert tokens < upstream_tokens
+
+
+def test_dynamic_batching_without_masks_is_upstream_bit_for_bit(model_dir, cpu_cuda):
+    runs = []
+    for cls in (ppo_actor.ActorPPOTrainer, D3SActorPPOTrainer):
+        actor, trainer = dynamic_setup(model_dir, cpu_cuda, cls)
+        fill(trainer, actor, seeds=(30, 31), pg=None)
+        trainer.ppo_train(0.0)
+        runs.append(grads(actor))
+    assert_grads_equal(runs[1], runs[0])
+
+
+# --------------------------------------------------------------------------------------------------------------
+# two real data-parallel ranks (gloo) against one: the kept-token normalisers are all-reduced
+
+
+TWO_RANK_SEEDS = (60, 61)  # rank r trains the 4 samples of make_experience(seed=TWO_RANK_SEEDS[r])
+
+
+def one_window_trainer(model_dir, monkeypatch, mode, dp):
+    """8 samples per optimizer step over dp ranks: micro-batches of 2 and gas = 8 / (2 dp), or dynamic batching
+    with a train batch of 8 (one dynamic step). One window: the DataLoader's shuffle cannot change the result."""
+    if mode == "dynamic":
+        return dynamic_setup(model_dir, monkeypatch, D3SActorPPOTrainer, dp=dp, train_batch_size=8)
+    args = make_args(train__batch_size=8)
+    actor = load_actor(model_dir)
+    return actor, make_trainer(D3SActorPPOTrainer, actor, MiniStrategy(args, gas=8 // (2 * dp)), monkeypatch)
+
+
+def two_rank_worker(rank, port, model_dir, out):
+    """One of two gloo ranks (run as a subprocess of the test): trains its half, averages the gradients over the
+    ranks as DeepSpeed does, rank 0 saves them."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    monkeypatch = point_cuda_at_cpu(pytest.MonkeyPatch())
+    results = {}
+    for mode in ("window", "dynamic"):
+        actor, trainer = one_window_trainer(model_dir, monkeypatch, mode, dp=2)
+        fill(trainer, actor, seeds=(TWO_RANK_SEEDS[rank],))
+        trainer.ppo_train(0.0)
+        results[mode] = grads(actor)
+        for g in results[mode]:
+            dist.all_reduce(g)
+            g /= 2
+    if rank == 0:
+        torch.save(results, out)
+    dist.destroy_process_group()
+
+
+def test_two_gloo_ranks_give_the_gradient_of_one_rank_with_both_halves(model_dir, cpu_cuda, tmp_path):
+    out, port = tmp_path / "grads.pt", free_port()
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    workers = [
+        subprocess.Popen(
+            [sys.executable, __file__, str(rank), str(port), model_dir, str(out)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    logs = [w.communicate(timeout=600)[0] for w in workers]
+    assert all(w.returncode == 0 for w in workers), "\n".join(log[-3000:] for log in logs)
+    two_ranks = torch.load(out)
+    for mode in ("window", "dynamic"):
+        actor, trainer = one_window_trainer(model_dir, cpu_cuda, mode, dp=1)
+        fill(trainer, actor, seeds=TWO_RANK_SEEDS)
+        trainer.ppo_train(0.0)
+        for got, expected in zip(two_ranks[mode], grads(actor)):
+            torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-7)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the policy actor: entropy forward and init
+
+
+def bare_policy_actor(actor, args):
+    """The Ray actor's class without Ray (its __init__ only sets up distributed env vars)."""
+    worker = D3SPolicyModelActor.__ray_actor_class__.__new__(D3SPolicyModelActor.__ray_actor_class__)
+    worker.actor = actor
+    worker.strategy = MiniStrategy(args)
+    return worker
+
+
+def naive_entropy(logits):
+    return -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
+
+
+@pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
+def test_entropy_forward_returns_upstreams_log_probs_and_the_action_entropy(model_dir, cpu_cuda, packing):
+    actor = load_actor(model_dir, temperature=0.7, packing_samples=packing)
+    worker = bare_policy_actor(actor, make_args())
+    e = make_experience(actor, seed=40, pg=None)
+    upstream_forward = ppo_actor.PolicyModelActor.__ray_actor_class__.forward
+
+    expected_log_probs = upstream_forward(worker, e.sequences, e.action_mask, e.attention_mask)
+    assert torch.equal(worker.forward(e.sequences, e.action_mask, e.attention_mask), expected_log_probs)
+    log_probs, entropy = worker.forward(e.sequences, e.action_mask, e.attention_mask, return_entropy=True)
+    assert torch.equal(log_probs, expected_log_probs)
+    assert log_probs.device.type == "cpu" and entropy.device.type == "cpu" and entropy.shape == log_probs.shape
+    assert worker.actor is actor and actor.training
+
+    with torch.no_grad():  # the full (B, S, V) temperature-scaled logits, re-padded by upstream when packed
+        output = actor(e.sequences, None, e.attention_mask, return_output=True, allgather_logits=True)
+    logits = output["logits"].reshape(*e.sequences.shape, VOCAB)  # packed: upstream re-pads to (B, S, 1, V)
+    expected = naive_entropy(logits[:, :-1][:, -WIDTH:]) * e.action_mask
+    torch.testing.assert_close(entropy, expected, rtol=1e-5, atol=1e-5)
+    assert torch.all(entropy[~e.action_mask] == 0) and torch.all(entropy[e.action_mask] > 0)
+
+
+def test_init_model_swaps_the_trainer_and_rescales_the_lr_horizon(model_dir, cpu_cuda):
+    cfg = D3SConfig.from_flags({"preset": "d3s", "n_init": 1, "n_final": 3})
+    args = make_args(rollout__batch_size=2, rollout__n_samples_per_prompt=4, train__batch_size=2)
+    args.d3s = cfg.to_dict()
+    max_steps = 5 * (2 * 4 // 2)  # 5 rollout steps of 4 optimizer steps
+    expected = scaled_max_steps(args, cfg, max_steps)
+    assert expected < max_steps
+
+    cpu_cuda.setattr(torch.cuda, "current_device", lambda: 0)  # NaiveReplayBuffer formats f"cuda:{device}"
+    worker = D3SPolicyModelActor.__ray_actor_class__.__new__(D3SPolicyModelActor.__ray_actor_class__)
+    strategy = MiniStrategy(args)
+    worker.init_model_from_pretrained(strategy, model_dir, max_steps=max_steps)
+    assert type(worker.trainer) is D3SActorPPOTrainer
+    assert type(worker.trainer.actor_loss_fn) is D3SPolicyLoss
+    assert strategy.prepared_cfg["scheduler_steps"] == expected == worker.max_steps
+    assert ppo_actor.ActorPPOTrainer is not D3SActorPPOTrainer
+    assert ppo_actor.ActorPPOTrainer.__name__ == "ActorPPOTrainer"
+
+    args.d3s = None  # D3S off: upstream's horizon
+    strategy = MiniStrategy(args)
+    worker.init_model_from_pretrained(strategy, model_dir, max_steps=max_steps)
+    assert strategy.prepared_cfg["scheduler_steps"] == max_steps
+
+
+if __name__ == "__main__":
+    two_rank_worker(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4])

@@ -1,0 +1,283 @@
+"""The ``python -m d3s_openrlhf.cli.train_ppo_ray`` entrypoint against OpenRLHF 0.11.2's own CLI module.
+
+Upstream's ``openrlhf.cli.train_ppo_ray`` really runs (through runpy) in the off/on tests; they pick host flags
+that upstream's own validation rejects right after ``hierarchize``, so the run stops with upstream's assertion
+before ``train()``/``ray.init``. A spy around ``runpy.run_module`` records what upstream's module sees.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import subprocess
+import sys
+
+import openrlhf.trainer.ppo_trainer as ppo_trainer
+import openrlhf.trainer.ppo_trainer_async as ppo_trainer_async
+import openrlhf.trainer.ray.ppo_actor as ppo_actor
+import openrlhf.utils.config as host_config
+import pytest
+import ray
+
+from d3s_openrlhf.cli import train_ppo_ray as cli
+from d3s_openrlhf.core.config import D3SConfig
+
+
+def _swappable_globals():
+    return {
+        "PolicyModelActor": ppo_actor.PolicyModelActor,
+        "PPOTrainer": ppo_trainer.PPOTrainer,
+        "PPOTrainerAsync": ppo_trainer_async.PPOTrainerAsync,
+        "hierarchize": host_config.hierarchize,
+    }
+
+
+UPSTREAM = _swappable_globals()
+
+HOST = [
+    "--algo.advantage.estimator",
+    "group_norm",
+    "--rollout.batch_size",
+    "8",
+    "--rollout.n_samples_per_prompt",
+    "16",
+    "--rollout.micro_batch_size",
+    "2",
+    "--train.batch_size",
+    "32",
+    "--actor.num_nodes",
+    "1",
+    "--actor.num_gpus_per_node",
+    "2",
+]
+
+
+@pytest.fixture
+def upstream_runs(monkeypatch):
+    """Spy on the runpy call of the entrypoint: what upstream's module was run with and which classes it saw."""
+    seen = []
+    real_run_module = cli.runpy.run_module
+
+    def spy(name, *args, **kwargs):
+        if kwargs.get("run_name") == "__main__":
+            probe = host_config.hierarchize(argparse.Namespace(**{"rollout.batch_size": 3}))
+            seen.append(
+                dict(
+                    module=name,
+                    argv=list(sys.argv[1:]),
+                    globals=_swappable_globals(),
+                    d3s=getattr(probe, "d3s", None),
+                )
+            )
+        return real_run_module(name, *args, **kwargs)
+
+    cli.upstream_parser()  # build (and cache) upstream's parser before the spy starts recording
+    monkeypatch.setattr(cli.runpy, "run_module", spy)
+    return seen
+
+
+# ── --help ──
+
+
+def test_help_lists_upstream_flags_then_d3s_flags(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--rollout.n_samples_per_prompt", "--algo.advantage.estimator", "--train.batch_size"):
+        assert flag in out
+    for field in dataclasses.fields(D3SConfig):
+        assert f"--d3s.{field.name}" in out
+    assert out.index("--algo.advantage.estimator") < out.index("--d3s.preset")
+
+
+def test_help_of_the_module_entrypoint():
+    result = subprocess.run(
+        [sys.executable, "-m", "d3s_openrlhf.cli.train_ppo_ray", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "--actor.model_name_or_path" in result.stdout and "--d3s.sample_scope" in result.stdout
+
+
+# ── off and on ──
+
+
+def test_d3s_off_runs_upstream_unchanged(upstream_runs):
+    # group_norm with one sample per prompt: upstream's own check fails right after its parsing.
+    argv = ["--d3s.preset", "grpo", "--algo.advantage.estimator", "group_norm", "--rollout.n_samples_per_prompt", "1"]
+    with pytest.raises(AssertionError, match="group_norm requires n_samples_per_prompt > 1"):
+        cli.main(argv)
+    assert len(upstream_runs) == 1
+    run = upstream_runs[0]
+    assert run["module"] == "openrlhf.cli.train_ppo_ray"
+    assert run["argv"] == argv[2:]  # the --d3s.* flags are not passed on
+    assert run["globals"] == UPSTREAM and run["d3s"] is None
+
+
+def test_d3s_on_swaps_classes_and_injects_config_for_the_run_only(upstream_runs):
+    from d3s_openrlhf.integration.actor import D3SPolicyModelActor
+    from d3s_openrlhf.integration.trainer import D3SPPOTrainer, D3SPPOTrainerAsync
+
+    # partial rollouts without async: upstream's own check fails after hierarchize, before train().
+    argv = ["--d3s.preset", "d3s", "--d3s.n_final", "16", *HOST, "--train.partial_rollout_enable"]
+    with pytest.raises(AssertionError, match="partial_rollout_enable requires"):
+        cli.main(argv)
+    assert len(upstream_runs) == 1
+    run = upstream_runs[0]
+    assert run["argv"] == HOST + ["--train.partial_rollout_enable"]
+    assert run["globals"] == {
+        "PolicyModelActor": D3SPolicyModelActor,
+        "PPOTrainer": D3SPPOTrainer,
+        "PPOTrainerAsync": D3SPPOTrainerAsync,
+        "hierarchize": run["globals"]["hierarchize"],
+    }
+    assert run["globals"]["hierarchize"] is not UPSTREAM["hierarchize"]
+    expected = D3SConfig.from_flags({"preset": "d3s", "n_final": 16})
+    assert vars(run["d3s"]) == expected.to_dict()
+    assert _swappable_globals() == UPSTREAM  # restored after the run
+    assert not ray.is_initialized()
+
+
+def test_swapped_classes_subclass_upstream():
+    from d3s_openrlhf.integration.actor import D3SPolicyModelActor
+    from d3s_openrlhf.integration.trainer import D3SPPOTrainer, D3SPPOTrainerAsync
+
+    pairs = (
+        (D3SPolicyModelActor, ppo_actor.PolicyModelActor),
+        (D3SPPOTrainer, ppo_trainer.PPOTrainer),
+        (D3SPPOTrainerAsync, ppo_trainer_async.PPOTrainerAsync),
+    )
+    for ours, upstream in pairs:
+        assert issubclass(ours.__ray_actor_class__, upstream.__ray_actor_class__)
+
+
+# ── validation ──
+
+
+def _error(argv):
+    with pytest.raises(cli.D3SValidationError) as error:
+        cli.resolve(argv)
+    return str(error.value)
+
+
+def _host(**changes):
+    """HOST with some flag values replaced (``estimator="gae"`` replaces --algo.advantage.estimator)."""
+    argv = list(HOST)
+    names = {"estimator": "--algo.advantage.estimator"}
+    for key, value in changes.items():
+        flag = names.get(key, "--" + key)
+        argv[argv.index(flag) + 1] = str(value)
+    return argv
+
+
+@pytest.mark.parametrize("estimator", ["gae", "reinforce"])
+def test_error_non_group_estimator_with_sample_selection(estimator):
+    message = _error(["--d3s.preset", "d1s", "--d3s.n_init", "4", *_host(estimator=estimator)])
+    assert f"--algo.advantage.estimator is {estimator}" in message and "--d3s.sample_rule" in message
+
+
+def test_token_selection_alone_accepts_any_estimator():
+    config, _, _, plan = cli.resolve(["--d3s.k_init", "0.2", "--d3s.k_final", "0.5", *_host(estimator="gae")])
+    assert config.tokens_enabled and not config.samples_enabled and plan.kept_by_n == {}
+
+
+def test_error_one_sample_per_prompt():
+    message = _error(["--d3s.preset", "d1s", "--d3s.n_init", "1", *_host(**{"rollout.n_samples_per_prompt": 1})])
+    assert "--rollout.n_samples_per_prompt 1" in message and "at least 2" in message
+
+
+def test_error_group_smaller_than_max_n():
+    message = _error(["--d3s.preset", "d3s", *HOST])  # N goes up to 32, G = 16
+    assert "--rollout.n_samples_per_prompt 16 is below max(N) = 32" in message
+    assert "--d3s.n_init/--d3s.n_final" in message
+
+
+@pytest.mark.parametrize("flag, value", [("k_init", "0"), ("k_final", "1.5"), ("k_init", "-0.1")])
+def test_error_k_outside_unit_interval(flag, value):
+    message = _error(["--d3s.preset", "d3s", "--d3s.n_final", "16", f"--d3s.{flag}", value, *HOST])
+    assert f"--d3s.{flag}" in message and "(0, 1]" in message
+
+
+def test_error_batch_not_a_multiple_of_the_unit():
+    # B*G = 8*16 = 128 is no multiple of lcm(--train.batch_size 48, 2 x dp 2) = 48
+    message = _error(["--d3s.preset", "d1s", "--d3s.n_init", "4", *_host(**{"train.batch_size": 48})])
+    assert "128 rollouts is not a multiple of 48" in message
+    flags = ("--train.batch_size", "--rollout.micro_batch_size", "--rollout.batch_size", "--actor.num_gpus_per_node")
+    assert all(flag in message for flag in flags)
+
+
+def test_error_batch_unit_with_dynamic_batching():
+    argv = ["--d3s.preset", "d1s", "--d3s.n_init", "4", *_host(**{"train.batch_size": 48})]
+    message = _error([*argv, "--train.dynamic_batch_enable"])
+    assert "lcm(--train.batch_size 48, data-parallel size 2)" in message
+
+
+def test_errors_are_reported_together():
+    message = _error(["--d3s.preset", "d3s", *_host(estimator="gae", **{"train.batch_size": 48})])
+    assert message.count("\n  ") == 3  # estimator, max(N), unit
+
+
+def test_error_unknown_d3s_flag():
+    assert "--d3s.n_inital" in _error(["--d3s.n_inital", "4", *HOST])
+
+
+def test_error_subset_advantages_without_selection():
+    message = _error(["--d3s.advantage_mode", "subset", "--d3s.k_init", "0.5", *HOST])
+    assert "--d3s.advantage_mode" in message and "--d3s.sample_rule" in message
+
+
+def test_main_reports_validation_errors_before_ray(upstream_runs, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--d3s.preset", "d3s", *HOST])
+    assert exit_info.value.code == 2
+    assert "d3s_openrlhf.cli.train_ppo_ray: error:" in capsys.readouterr().err
+    assert upstream_runs == [] and not ray.is_initialized()
+
+
+def test_bad_choice_is_an_argparse_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--d3s.sample_scope", "everywhere", *HOST])
+    assert exit_info.value.code == 2
+    assert "--d3s.sample_scope" in capsys.readouterr().err
+
+
+def test_plan_rounds_every_n_of_the_schedule_up_to_the_unit():
+    config, _, host_args, plan = cli.resolve(["--d3s.preset", "d3s", "--d3s.n_final", "16", *HOST])
+    assert host_args.rollout.n_samples_per_prompt == 16
+    assert (plan.unit, plan.dp_size, plan.total) == (32, 2, 128)
+    assert set(plan.kept_by_n) == set(range(8, 17))
+    for n, kept in plan.kept_by_n.items():
+        assert kept % 32 == 0 and n * 8 <= kept < n * 8 + 32
+    assert plan.notes == ()
+
+
+def test_plan_notes_when_selection_can_never_drop_a_rollout():
+    _, _, _, plan = cli.resolve(["--d3s.preset", "d1s", "--d3s.n_init", "4", *_host(**{"train.batch_size": 128})])
+    assert plan.kept_by_n == {4: 128} and "never drops a rollout" in plan.notes[0]
+
+
+# ── dry run ──
+
+
+def test_dry_run_prints_the_resolved_config_and_schedule_without_ray(upstream_runs, capsys):
+    cli.main(["--d3s.preset", "d3s", "--d3s.n_final", "16", "--d3s.dry_run", *HOST])
+    out = capsys.readouterr().out
+    assert "--d3s.preset d3s" in out and "--d3s.n_final 16" in out
+    assert "p = 0.00:  N =   8  kept rollouts     64 / 128 (50.0%)  K = 0.0500" in out
+    assert "p = 1.00:  N =  16  kept rollouts    128 / 128 (100.0%)  K = 0.2000" in out
+    assert upstream_runs == [] and not ray.is_initialized()
+
+
+def test_dry_run_with_schedule_steps(capsys):
+    cli.main(["--d3s.preset", "d3s", "--d3s.n_final", "16", "--d3s.schedule_steps", "100", "--d3s.dry_run", *HOST])
+    out = capsys.readouterr().out
+    assert "over --d3s.schedule_steps 100" in out
+    assert "step     50:  N =  12  kept rollouts     96 / 128" in out
+
+
+def test_dry_run_with_d3s_off(upstream_runs, capsys):
+    cli.main(["--d3s.dry_run", *HOST])
+    assert "D3S is off" in capsys.readouterr().out and upstream_runs == []

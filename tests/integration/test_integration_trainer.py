@@ -1,0 +1,113 @@
+"""The D3S trainers as Ray actors, built the way ``openrlhf.cli.train_ppo_ray`` builds OpenRLHF's.
+
+``D3SPPOTrainer.remote(...)`` and ``D3SPPOTrainerAsync.remote(...)`` run the real upstream constructors
+(tokenizer, prompt dataset and dataloader, SamplesGenerator; for async the generator and training actors, the
+queues and the vLLM lock) in Ray workers, with a tiny local tokenizer and prompt file. The model groups are not
+needed for construction and are None. The step logic itself is tested in test_integration_experience_maker.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import ray
+from openrlhf.utils import get_strategy
+
+from d3s_openrlhf.cli.train_ppo_ray import parse_host_args
+from d3s_openrlhf.core.config import D3SConfig
+from d3s_openrlhf.integration.experience_maker import config_namespace
+from d3s_openrlhf.integration.trainer import D3SPPOTrainer, D3SPPOTrainerAsync
+
+
+@pytest.fixture(scope="module")
+def run_files(tmp_path_factory):
+    """A word-level tokenizer directory and a 10-prompt JSONL file."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    root = tmp_path_factory.mktemp("d3s_trainer")
+    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2, **{f"w{i}": i + 3 for i in range(20)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
+    ).save_pretrained(root / "tokenizer")
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"input": f"w{i} w{i + 1}"}) + "\n" for i in range(10)))
+    ray.init(num_cpus=8, include_dashboard=False, object_store_memory=150 * 1024**2)
+    yield str(root / "tokenizer"), str(prompts)
+    ray.shutdown()
+
+
+def _strategy(model, prompts, *flags, **d3s):
+    args = parse_host_args(
+        [
+            "--actor.model_name_or_path",
+            model,
+            "--data.prompt_dataset",
+            prompts,
+            "--data.input_key",
+            "input",
+            "--algo.advantage.estimator",
+            "group_norm",
+            "--rollout.batch_size",
+            "4",
+            "--rollout.n_samples_per_prompt",
+            "4",
+            "--train.batch_size",
+            "4",
+            "--actor.num_gpus_per_node",
+            "1",
+            "--train.num_episodes",
+            "2",
+            *flags,
+        ]
+    )
+    args.d3s = config_namespace(D3SConfig.from_flags({"preset": "d3s", "n_init": 1, "n_final": 4, **d3s}))
+    return get_strategy(args)
+
+
+def _inspector():
+    """A function run inside a trainer actor (local, so that Ray pickles it by value)."""
+
+    def inspect(trainer):
+        return type(trainer).__name__, type(trainer.experience_maker).__name__, trainer.d3s_rollout_steps
+
+    return inspect
+
+
+def test_sync_trainer_builds_the_d3s_experience_maker_and_horizon(run_files):
+    model, prompts = run_files
+    trainer = D3SPPOTrainer.remote(model, _strategy(model, prompts), None, None, None, None, None, max_len=64)
+    name, maker, steps = ray.get(trainer.__ray_call__.remote(_inspector()))
+    assert (name, maker) == ("_D3SPPOTrainer", "D3SExperienceMaker")
+    assert steps == 6  # ceil(10 prompts / 4) rollout steps per episode, 2 episodes
+    assert ray.get(trainer.get_max_steps.remote()) == 20  # upstream's LR horizon is untouched here
+    ray.kill(trainer)
+
+
+def test_async_trainer_builds_d3s_generator_and_training_actors(run_files):
+    model, prompts = run_files
+    strategy = _strategy(model, prompts, "--train.async_enable")
+    trainer = D3SPPOTrainerAsync.remote(model, strategy, None, None, None, None, None, max_len=64)
+
+    inspect = _inspector()
+
+    def inside(wrapper):
+        import openrlhf.trainer.ppo_trainer_async as module
+
+        training = ray.get(wrapper.trainer_actor.__ray_call__.remote(inspect))
+        steps = ray.get(wrapper.generator_actor.d3s_rollout_steps.remote())
+        globals_now = (
+            module.TrainingActor.__ray_actor_class__.__name__,
+            module.GenerateSamplesActor.__ray_actor_class__.__name__,
+        )
+        return training, steps, globals_now
+
+    training, steps, globals_now = ray.get(trainer.__ray_call__.remote(inside))
+    assert training == ("_D3STrainingActor", "D3SExperienceMaker", 6)
+    assert steps == 6
+    # In the wrapper's worker the module globals were swapped only for the duration of its constructor.
+    assert globals_now == ("TrainingActor", "GenerateSamplesActor")
+    ray.kill(trainer)

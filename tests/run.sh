@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The test command of the README: builds the CPU environment from nothing (examples/cpu/setup_env.sh,
+# idempotent) and runs the whole suite: the pure core, the OpenRLHF integration, the examples and the
+# end-to-end runs of the real Ray pipeline. Extra arguments go to pytest (e.g. `-m "not e2e"`).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+bash examples/cpu/setup_env.sh
+PY="${D3S_VENV:-$ROOT/.venv}/bin/python"
+exec "$PY" -m pytest -ra "$@"
