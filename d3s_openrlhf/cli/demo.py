@@ -5,9 +5,11 @@
 1. builds a character-level tokenizer and a 2-layer Llama locally (no hub) and an integer-addition task
    ("12+7=" -> "19") with an exact-match reward (``d3s_openrlhf/cpu/arith_reward.py``);
 2. SFT warm start with OpenRLHF's ``openrlhf.cli.train_sft``;
-3. RL with GRPO + D3S (cross-group max-variance rollout selection, |A|*H token selection, linear (N, K)
-   schedule) through ``d3s_openrlhf.cli.train_ppo_ray`` with OpenRLHF's vLLM engine, both under the CPU
-   runtime (``python -m d3s_openrlhf.cli.cpu``);
+3. RL with GRPO + D3S through ``d3s_openrlhf.cli.train_ppo_ray`` with OpenRLHF's vLLM engine: 16 prompts x
+   16 rollouts per step, 3 passes over 400 prompts (75 steps), cross-group max-variance rollout selection and
+   |A|*H token selection on a linear schedule N 4 -> 12 rollouts per prompt, K 30% -> 80% of tokens
+   (``--grpo-only``: the same run without D3S). Both stages run under the CPU runtime
+   (``python -m d3s_openrlhf.cli.cpu``);
 4. reads the per-step metrics OpenRLHF logged (tensorboard), evaluates the SFT and the RL model on held-out
    problems, and writes ``DIR/summary.json`` and ``DIR/progress.png``.
 
@@ -132,8 +134,8 @@ def summarize(scalars, group_size, prompts_per_step):
             {
                 "step": int(step),
                 "reward": values["rollout/reward_mean"],
-                "n": values.get("d3s/n", float(group_size)),
-                "k": values.get("d3s/k", 1.0),
+                "n": int(round(values.get("d3s/n", group_size))),
+                "k": round(values.get("d3s/k", 1.0), 6),  # tensorboard stores float32
                 "kept_rollouts": int(round(kept_rollouts)),
                 "kept_tokens": int(round(values["d3s/kept_tokens"])) if "d3s/kept_tokens" in values else None,
                 "kept_rollout_frac": kept_rollouts / total,
@@ -229,7 +231,7 @@ def main(argv=None):
     print(f"{'step':>4} {'reward':>7} {'N':>4} {'K':>5} {'kept rollouts':>14} {'kept tokens':>12}")
     for s in steps:
         tokens = "-" if s["kept_tokens"] is None else str(s["kept_tokens"])
-        print(f"{s['step']:>4} {s['reward']:7.3f} {s['n']:4.0f} {s['k']:5.2f} {s['kept_rollouts']:>14} {tokens:>12}")
+        print(f"{s['step']:>4} {s['reward']:7.3f} {s['n']:4d} {s['k']:5.2f} {s['kept_rollouts']:>14} {tokens:>12}")
     print(
         f"\nreward (training rollouts, first 5 -> last 5 steps): {summary['reward_before']:.3f} ->"
         f" {summary['reward_after']:.3f}"

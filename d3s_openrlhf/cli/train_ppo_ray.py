@@ -30,6 +30,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 from d3s_openrlhf.core.advantages import ADVANTAGE_ESTIMATORS
 from d3s_openrlhf.core.batching import legal_kept_count
 from d3s_openrlhf.core.config import FLAG_PREFIX, D3SConfig
+from d3s_openrlhf.cpu.runtime import activate_if_requested
 
 UPSTREAM_MODULE = "openrlhf.cli.train_ppo_ray"
 PROG = "d3s_openrlhf.cli.train_ppo_ray"
@@ -246,7 +247,8 @@ def d3s_installed(config: D3SConfig):
 
     from d3s_openrlhf.integration.actor import D3SPolicyModelActor
     from d3s_openrlhf.integration.experience_maker import config_namespace
-    from d3s_openrlhf.integration.trainer import D3SPPOTrainer, D3SPPOTrainerAsync, swap_module_globals
+    from d3s_openrlhf.integration.seams import swapped_globals
+    from d3s_openrlhf.integration.trainer import D3SPPOTrainer, D3SPPOTrainerAsync
 
     upstream_hierarchize = host_config.hierarchize
 
@@ -256,10 +258,10 @@ def d3s_installed(config: D3SConfig):
         return hierarchized
 
     with contextlib.ExitStack() as stack:
-        stack.enter_context(swap_module_globals(host_config, hierarchize=hierarchize_with_d3s))
-        stack.enter_context(swap_module_globals(ppo_actor, PolicyModelActor=D3SPolicyModelActor))
-        stack.enter_context(swap_module_globals(ppo_trainer, PPOTrainer=D3SPPOTrainer))
-        stack.enter_context(swap_module_globals(ppo_trainer_async, PPOTrainerAsync=D3SPPOTrainerAsync))
+        stack.enter_context(swapped_globals(host_config, hierarchize=hierarchize_with_d3s))
+        stack.enter_context(swapped_globals(ppo_actor, PolicyModelActor=D3SPolicyModelActor))
+        stack.enter_context(swapped_globals(ppo_trainer, PPOTrainer=D3SPPOTrainer))
+        stack.enter_context(swapped_globals(ppo_trainer_async, PPOTrainerAsync=D3SPPOTrainerAsync))
         yield
 
 
@@ -293,6 +295,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if config.dry_run:
         print(format_plan(config, plan))
         return
+    # D3S_OPENRLHF_CPU=1: a loopback Ray head with the CPU adjustments in every worker (no-op otherwise)
+    activate_if_requested()
     if not config.enabled:
         run_upstream(host_argv)
         return

@@ -40,7 +40,7 @@ Loss semantics (m = pg mask AND action mask, the "kept" tokens; l_t = upstream's
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
 import ray
 import torch
@@ -55,6 +55,7 @@ from openrlhf.utils.loss_utils import _get_dp_group, _optimizer_step_loss_norm, 
 from d3s_openrlhf.core.batching import kept_unit, legal_kept_count
 from d3s_openrlhf.core.config import D3SConfig
 from d3s_openrlhf.core.entropy import entropy_from_logits
+from d3s_openrlhf.integration.seams import swapped_globals
 
 PG_MASK_KEY = "d3s_pg_mask"
 """``experience.info`` key of the experience maker's per-sample token mask (bool row aligned with action_mask)."""
@@ -279,19 +280,6 @@ def with_pg_window_norms(upstream_iter):
     return iter_with_pg_norms
 
 
-@contextmanager
-def _module_names_replaced(module, **replacements: Any) -> Iterator[None]:
-    """Rebind module-level names for the duration of the block (in this process only)."""
-    saved = {name: getattr(module, name) for name in replacements}
-    for name, value in replacements.items():
-        setattr(module, name, value)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(module, name, value)
-
-
 class D3SReplayBuffer(NaiveReplayBuffer):
     """Replay buffer that, with dynamic batching, also counts the kept tokens and kept sequences of every dynamic
     optimizer step (over the DP group), next to upstream's full counts."""
@@ -335,12 +323,12 @@ class D3SActorPPOTrainer(ppo_actor.ActorPPOTrainer):
 
     def __init__(self, *args, **kwargs) -> None:
         # upstream builds its loss and replay buffer from these module-level names
-        with _module_names_replaced(ppo_actor, PolicyLoss=D3SPolicyLoss, NaiveReplayBuffer=D3SReplayBuffer):
+        with swapped_globals(ppo_actor, PolicyLoss=D3SPolicyLoss, NaiveReplayBuffer=D3SReplayBuffer):
             super().__init__(*args, **kwargs)
 
     def ppo_train(self, kl_ctl: float):
         windows = with_pg_window_norms(ppo_actor.iter_grad_accum_global_norm)
-        with _module_names_replaced(ppo_actor, iter_grad_accum_global_norm=windows):
+        with swapped_globals(ppo_actor, iter_grad_accum_global_norm=windows):
             return super().ppo_train(kl_ctl)
 
     def training_step(self, experience, kl_ctl: float, step: int, loss_batch_info: Optional[Dict] = None):
@@ -419,8 +407,9 @@ class D3SPolicyModelActor(ppo_actor.PolicyModelActor.__ray_actor_class__):
         upstream_max_steps = max_steps
         if cfg is not None and max_steps is not None:
             max_steps = scaled_max_steps(strategy.args, cfg, max_steps)
-        with _module_names_replaced(ppo_actor, ActorPPOTrainer=D3SActorPPOTrainer):
-            super().init_model_from_pretrained(strategy, pretrain, max_steps, vllm_engines)
+        upstream = super().init_model_from_pretrained
+        with swapped_globals(upstream.__func__, ActorPPOTrainer=D3SActorPPOTrainer):
+            upstream(strategy, pretrain, max_steps, vllm_engines)
         if max_steps != upstream_max_steps:
             strategy.print(
                 f"[d3s] LR-scheduler horizon: {max_steps} optimizer steps for the kept rollouts "

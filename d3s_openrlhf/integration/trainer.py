@@ -21,15 +21,14 @@ at the D3S subclasses for the duration of that constructor (in its own Ray worke
 
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import Dict, Tuple
 
 import ray
-from openrlhf.trainer import ppo_trainer_async
 from openrlhf.trainer.ppo_trainer import PPOTrainer
 from openrlhf.trainer.ppo_trainer_async import GenerateSamplesActor, PPOTrainerAsync, TrainingActor
 
+from d3s_openrlhf.integration.seams import swapped_globals
 from d3s_openrlhf.integration.experience_maker import D3SExperienceMaker, config_from_args
 
 
@@ -137,27 +136,15 @@ D3STrainingActor = _remote_like(TrainingActor, _D3STrainingActor)
 D3SGenerateSamplesActor = _remote_like(GenerateSamplesActor, _D3SGenerateSamplesActor)
 
 
-@contextlib.contextmanager
-def swap_module_globals(module, **replacements):
-    """Point module globals at other objects inside the ``with`` block; the originals come back after it."""
-    saved = {name: getattr(module, name) for name in replacements}
-    for name, value in replacements.items():
-        setattr(module, name, value)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(module, name, value)
-
-
 class _D3SPPOTrainerAsync(PPOTrainerAsync.__ray_actor_class__):
     """Async trainer whose generator and training actors are the D3S ones."""
 
     def __init__(self, *args, **kwargs):
-        with swap_module_globals(
-            ppo_trainer_async, TrainingActor=D3STrainingActor, GenerateSamplesActor=D3SGenerateSamplesActor
+        upstream_init = super().__init__
+        with swapped_globals(
+            upstream_init.__func__, TrainingActor=D3STrainingActor, GenerateSamplesActor=D3SGenerateSamplesActor
         ):
-            super().__init__(*args, **kwargs)
+            upstream_init(*args, **kwargs)
         steps = ray.get(self.generator_actor.d3s_rollout_steps.remote())
         ray.get(self.trainer_actor.set_d3s_rollout_steps.remote(steps))
 

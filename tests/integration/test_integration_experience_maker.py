@@ -72,7 +72,6 @@ def _recording_actor_class():
             pad_sequence=None,
             return_entropy=False,
         ):
-            import torch
 
             ids = (sequences[:, 1] - 1).tolist()
             if pad_sequence is not None:  # reward model
@@ -517,7 +516,7 @@ def test_token_mask_from_the_actor_forward_entropy(groups, token_scope):
     assert all(entropy for rank in policy for kind, _, entropy in rank if kind == "log_probs")
     assert not any(entropy for rank in aux for _, _, entropy in rank)  # the reference forward is unchanged
 
-    scores, kept_scores, dropped_scores = [], [], []
+    kept_scores, dropped_scores = [], []
     kept_total = valid_total = 0
     entropy_sum = kept_entropy_sum = 0.0
     for experience in experiences:
