@@ -1,0 +1,122 @@
+"""Fixtures of the end-to-end tests: real ``train_ppo_ray`` runs on the toy model, under the CPU runtime.
+
+One SFT checkpoint of the toy model is prepared per session; every test then runs the real Ray pipeline as a
+subprocess (``python -m d3s_openrlhf.cli.cpu <module> ...``), reads the metrics OpenRLHF logged to tensorboard
+and checks that no process of the run (Ray head, workers, vLLM engine) is left once it has exited. Processes
+of a run are recognised by a marker in their environment, which every descendant inherits.
+"""
+
+import math
+import os
+import signal
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+
+import pytest
+
+from d3s_openrlhf.cpu import pipeline
+from d3s_openrlhf.cpu.metrics import read_train_scalars
+
+MARKER = "D3S_E2E_RUN"
+RUN_TIMEOUT_S = 400  # a run takes 40-90 s here; a hang (e.g. a placement group without GPUs) must not stall CI
+
+
+@pytest.fixture(scope="session")
+def toy_sft(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("toy")
+    return pipeline.prepare(str(workdir), pipeline.TaskConfig(sft_epochs=8))
+
+
+def marked_processes(run_id):
+    """PIDs of live processes whose environment carries ``MARKER=run_id``."""
+    needle = f"{MARKER}={run_id}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def leftover_processes(run_id, grace_s=20.0):
+    """Processes of the run still alive ``grace_s`` after it exited (then killed, so that they leak no further)."""
+    deadline = time.time() + grace_s
+    while time.time() < deadline:
+        alive = marked_processes(run_id)
+        if not alive:
+            return []
+        time.sleep(0.5)
+    alive = marked_processes(run_id)
+    names = []
+    for pid in alive:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace")
+            names.append(f"{pid}: {command[:120]}")
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            continue
+    return names
+
+
+@dataclass
+class Run:
+    returncode: object  # int, or a text when the run was killed after the timeout
+    log: str
+    steps: dict  # {global_step: {metric: value}}
+    leftovers: list
+
+    def tail(self, lines=60):
+        with open(self.log) as f:
+            return "".join(f.readlines()[-lines:])
+
+
+@pytest.fixture
+def run_pipeline(tmp_path):
+    """``run_pipeline(module, args, name=..., env_flag=False) -> Run``: one run, its metrics, leftover processes.
+
+    The run goes through the launcher (``python -m d3s_openrlhf.cli.cpu module ...``), or with ``env_flag`` through
+    ``D3S_OPENRLHF_CPU=1 python -m module ...`` (the module then activates the runtime itself).
+    """
+
+    def run(module, args, name="run", env_flag=False):
+        run_id = uuid.uuid4().hex
+        env = dict(os.environ, **{MARKER: run_id})
+        env.pop("RAY_ADDRESS", None)
+        if env_flag:
+            env["D3S_OPENRLHF_CPU"] = "1"
+            command = [sys.executable, "-m", module, *[str(a) for a in args]]
+        else:
+            env.pop("D3S_OPENRLHF_CPU", None)
+            command = pipeline.launcher_command(module, args)
+        log = str(tmp_path / f"{name}.log")
+        try:
+            rc = pipeline.run_logged(command, log, env=env, timeout=RUN_TIMEOUT_S)
+        except TimeoutError:
+            rc = f"none: killed after {RUN_TIMEOUT_S}s"
+        return Run(rc, log, read_train_scalars(str(tmp_path / name / "tensorboard")), leftover_processes(run_id))
+
+    return run
+
+
+def _assert_clean_run(run, expected_steps):
+    assert run.returncode == 0, f"exit {run.returncode}\n{run.tail()}"
+    assert not run.leftovers, f"processes outlived the run: {run.leftovers}"
+    assert list(run.steps) == list(expected_steps), f"logged steps {list(run.steps)}\n{run.tail()}"
+    for step, values in run.steps.items():
+        assert math.isfinite(values["policy_loss"]), (step, values["policy_loss"])
+        assert values["actor_grad_norm"] > 0, (step, values["actor_grad_norm"])
+
+
+@pytest.fixture
+def assert_clean_run():
+    """``assert_clean_run(run, steps)``: exit 0, no process left, exactly these steps logged, finite loss and
+    non-zero gradient norm at every step."""
+    return _assert_clean_run

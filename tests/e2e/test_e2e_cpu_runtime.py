@@ -1,0 +1,137 @@
+"""The CPU launcher itself: its Ray head (loopback only, fake GPUs), the adjustments inside Ray workers, and
+that nothing it started survives a normal exit, an error or Ctrl-C."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+# A module run by the launcher: one GPU actor reports what a worker sees, then the module waits or fails.
+PROBE_MODULE = textwrap.dedent(
+    """
+    import json, os, sys, time
+    import ray
+
+    @ray.remote(num_gpus=1)
+    class Probe:
+        def report(self):
+            import torch
+            torch.cuda.set_device(0)  # a no-op stand-in on CPU (raises without the runtime)
+            torch.cuda.synchronize()
+            return {
+                "current_device": str(torch.cuda.current_device()),
+                "kvcache": os.environ.get("VLLM_CPU_KVCACHE_SPACE"),
+                "node_ip": ray.util.get_node_ip_address(),
+            }
+
+    probe = Probe.remote()
+    report = ray.get(probe.report.remote())
+    report["gpus"] = ray.cluster_resources().get("GPU")
+    report["driver_pid"] = os.getpid()
+    print("PROBE " + json.dumps(report), flush=True)
+    mode = sys.argv[1]
+    if mode == "fail":
+        raise RuntimeError("probe failure")
+    if mode == "wait":
+        while True:
+            time.sleep(1)
+    """
+)
+
+
+def marked(run_id):
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if f"D3S_E2E_RUN={run_id}".encode() in f.read().split(b"\0"):
+                        pids.append(int(entry))
+            except OSError:
+                pass
+    return pids
+
+
+def wait_gone(run_id, timeout=30):
+    deadline = time.time() + timeout
+    while time.time() < deadline and marked(run_id):
+        time.sleep(0.5)
+    left = marked(run_id)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    return left
+
+
+def listening_addresses(pids):
+    """Local addresses of the TCP listening sockets owned by ``pids`` (from ``ss -ltnp``)."""
+    output = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout
+    addresses = []
+    for line in output.splitlines():
+        if any(f"pid={pid}," in line for pid in pids):
+            addresses.append(line.split()[3].rsplit(":", 1)[0])
+    return addresses
+
+
+def start(tmp_path, mode):
+    (tmp_path / "d3s_probe_module.py").write_text(PROBE_MODULE)
+    run_id = uuid.uuid4().hex
+    env = dict(os.environ, D3S_E2E_RUN=run_id, PYTHONPATH=str(tmp_path))
+    env.pop("RAY_ADDRESS", None)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "d3s_openrlhf.cli.cpu", "d3s_probe_module", mode],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # even if pytest runs in background
+    )
+    report, lines = None, []
+    for line in process.stdout:
+        lines.append(line)
+        if line.startswith("PROBE "):
+            report = json.loads(line[len("PROBE ") :])
+            break
+    return process, run_id, report, lines
+
+
+def finish(process, lines, timeout=120):
+    output, _ = process.communicate(timeout=timeout)
+    return "".join(lines) + output
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2) to list listening sockets")
+def test_worker_adjustments_loopback_head_and_clean_exit(tmp_path):
+    process, run_id, report, lines = start(tmp_path, "wait")
+    assert report is not None, "".join(lines)[-3000:]
+    try:
+        assert report["current_device"] == "cpu"  # torch.cuda stand-ins inside a Ray worker
+        assert report["kvcache"] == "1"  # the job's runtime environment reached the worker
+        assert report["gpus"] == 8  # fake GPU resources for OpenRLHF's placement groups
+        assert report["node_ip"] == "127.0.0.1"
+        addresses = listening_addresses(marked(run_id))
+        assert addresses, "no listening socket found for the Ray head"
+        assert set(addresses) <= {"127.0.0.1", "[::ffff:127.0.0.1]", "[::1]"}, addresses
+        os.kill(process.pid, signal.SIGINT)  # Ctrl-C: the launcher stops its head
+        output = finish(process, lines)
+        assert process.returncode != 0 and "KeyboardInterrupt" in output, output[-3000:]
+    finally:
+        if process.poll() is None:
+            process.kill()
+        assert wait_gone(run_id) == [], "processes outlived the launcher after Ctrl-C"
+
+
+def test_error_in_module_stops_the_head(tmp_path):
+    process, run_id, report, lines = start(tmp_path, "fail")
+    output = finish(process, lines)
+    assert report is not None and report["current_device"] == "cpu", output[-3000:]
+    assert process.returncode == 1 and "probe failure" in output, output[-3000:]
+    assert wait_gone(run_id) == [], "processes outlived the launcher after an error"
