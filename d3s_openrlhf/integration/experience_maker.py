@@ -24,7 +24,8 @@ goes through upstream's ``make_experience_batch`` itself (advantages and returns
 token mask when K < 1; with K = 1 as well, nothing differs from upstream.
 
 Metrics (``last_metrics``, merged into the trainer's step status): ``d3s/n``, ``d3s/k`` (the schedule point),
-``d3s/kept_rollouts`` and ``d3s/kept_rollout_frac`` (of B*G), ``d3s/kept_tokens`` (tokens entering the
+``d3s/kept_rollouts`` and ``d3s/kept_rollout_frac`` (of B*G), ``d3s/candidate_tokens`` (response tokens of the
+kept rollouts, what K applies to), ``d3s/kept_tokens`` (tokens entering the
 policy-gradient term) and ``d3s/kept_token_frac`` (of the response tokens of all B*G rollouts),
 ``d3s/adv_var_all`` / ``d3s/adv_var_kept`` (population variance of the per-rollout scalar advantage over all
 rollouts, full-group estimator, / over the kept ones as trained; group estimators only, before
@@ -197,13 +198,15 @@ class D3SExperienceMaker(RemoteExperienceMaker):
             "d3s/kept_rollouts": float(kept),
             "d3s/kept_rollout_frac": kept / total,
         }
+        # the response tokens of the kept rollouts: what K is applied to
+        candidate_tokens = float(sum(int(e.action_mask.sum()) for e in experiences))
+        kept_tokens = candidate_tokens
         if token_level:
             tokens = self._attach_token_mask(experiences, entropies)
             metrics["d3s/entropy_all"] = tokens["entropy_mean_all"]
             metrics["d3s/entropy_kept"] = tokens["entropy_mean_kept"]
             kept_tokens = tokens["kept_tokens"]
-        else:
-            kept_tokens = float(sum(int(e.action_mask.sum()) for e in experiences))
+        metrics["d3s/candidate_tokens"] = candidate_tokens
         metrics["d3s/kept_tokens"] = kept_tokens
         metrics["d3s/kept_token_frac"] = kept_tokens / all_tokens if all_tokens else 0.0
         if advantages is not None:

@@ -636,6 +636,7 @@ def test_metrics(groups):
         "d3s/k",
         "d3s/kept_rollouts",
         "d3s/kept_rollout_frac",
+        "d3s/candidate_tokens",
         "d3s/kept_tokens",
         "d3s/kept_token_frac",
         "d3s/adv_var_all",
@@ -650,7 +651,9 @@ def test_metrics(groups):
     advantages = [hand_advantage("group_norm", r, REWARDS[i // 4]) for i, r in enumerate(flat)]
     assert (metrics["d3s/n"], metrics["d3s/k"]) == (2.0, 0.5)
     assert (metrics["d3s/kept_rollouts"], metrics["d3s/kept_rollout_frac"]) == (8.0, 0.5)
+    assert metrics["d3s/candidate_tokens"] == sum(int(e.action_mask.sum()) for e in experiences)
     assert metrics["d3s/kept_tokens"] == sum(int(e.info[PG_MASK_KEY].sum()) for e in experiences)
+    assert metrics["d3s/kept_tokens"] == math.ceil(0.5 * metrics["d3s/candidate_tokens"])  # K = 0.5, batch scope
     assert metrics["d3s/kept_token_frac"] == pytest.approx(metrics["d3s/kept_tokens"] / all_tokens)
     assert metrics["d3s/adv_var_all"] == pytest.approx(population_variance(advantages), rel=1e-6)
     assert metrics["d3s/adv_var_kept"] == pytest.approx(population_variance([advantages[i] for i in kept]), rel=1e-6)
