@@ -40,21 +40,28 @@ Loss semantics (m = pg mask AND action mask, the "kept" tokens; l_t = upstream's
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import Dict, Iterator, List, Optional, Sequence, Union
 
+import openrlhf.trainer.ray.ppo_actor as ppo_actor
 import ray
 import torch
 import torch.distributed as dist
-
-import openrlhf.trainer.ray.ppo_actor as ppo_actor
 from openrlhf.models import PolicyLoss
 from openrlhf.models.ring_attn_utils import gather_and_pad_tensor
 from openrlhf.trainer.ppo_utils import NaiveReplayBuffer
-from openrlhf.utils.loss_utils import _get_dp_group, _optimizer_step_loss_norm, get_loss_batch_info
+from openrlhf.utils.loss_utils import (
+    _get_dp_group,
+    _optimizer_step_loss_norm,
+    get_loss_batch_info,
+)
 
-from d3s_openrlhf.core.batching import kept_unit, legal_kept_count
 from d3s_openrlhf.core.config import D3SConfig
 from d3s_openrlhf.core.entropy import entropy_from_logits
+from d3s_openrlhf.integration.experience_maker import (
+    config_from_args,
+    kept_count_unit,
+    kept_rollout_count,
+)
 from d3s_openrlhf.integration.seams import swapped_globals
 
 PG_MASK_KEY = "d3s_pg_mask"
@@ -70,23 +77,6 @@ _NORM_KEYS = ("batch_num_tokens", "global_batch_size")
 # configuration and the LR-scheduler horizon
 
 
-def d3s_config_from_args(args) -> Optional[D3SConfig]:
-    """The resolved ``D3SConfig`` carried by ``args.d3s`` (a D3SConfig, a dict or a namespace of its fields).
-
-    Returns None when ``args`` has no ``d3s`` attribute or it is None (D3S off).
-    """
-    value = getattr(args, "d3s", None)
-    if value is None or isinstance(value, D3SConfig):
-        return value
-    fields = dict(value) if isinstance(value, Mapping) else dict(vars(value))
-    return D3SConfig(**fields)
-
-
-def _dp_size(args) -> int:
-    gpus = args.actor.num_nodes * args.actor.num_gpus_per_node
-    return gpus // args.ds.ring_attn_size // args.ds.tensor_parallel_size
-
-
 def rollout_steps(args, max_steps: int) -> int:
     """Number of rollout (train_step) steps of the run, from upstream's LR horizon ``max_steps``.
 
@@ -100,17 +90,10 @@ def rollout_steps(args, max_steps: int) -> int:
 
 
 def kept_rollouts(args, cfg: D3SConfig, step: int, run_steps: int) -> int:
-    """Rollouts kept at rollout step ``step`` (0-based) of a run of ``run_steps`` steps (both scopes).
-
-    N(step) * B rounded up to a legal count: ``legal_kept_count(N * B, B * G, kept_unit(...))``.
-    """
+    """Rollouts kept at rollout step ``step`` (0-based) of a run of ``run_steps`` steps (both scopes): the same
+    count the driver's experience maker keeps (``kept_rollout_count``)."""
     n, _ = cfg.schedule_for(run_steps).at(step)
-    batch = args.rollout.batch_size
-    total = batch * args.rollout.n_samples_per_prompt
-    unit = kept_unit(
-        args.train.batch_size, args.rollout.micro_batch_size, _dp_size(args), bool(args.train.dynamic_batch_enable)
-    )
-    return legal_kept_count(n * batch, total, unit)
+    return kept_rollout_count(n, args.rollout.batch_size, args.rollout.n_samples_per_prompt, kept_count_unit(args))
 
 
 def scaled_max_steps(args, cfg: D3SConfig, max_steps: int) -> int:
@@ -403,7 +386,7 @@ class D3SPolicyModelActor(ppo_actor.PolicyModelActor.__ray_actor_class__):
     """OpenRLHF's policy actor with the D3S trainer, the entropy forward and the rescaled LR horizon."""
 
     def init_model_from_pretrained(self, strategy, pretrain, max_steps=None, vllm_engines=None):
-        cfg = d3s_config_from_args(strategy.args)
+        cfg = config_from_args(strategy.args)
         upstream_max_steps = max_steps
         if cfg is not None and max_steps is not None:
             max_steps = scaled_max_steps(strategy.args, cfg, max_steps)

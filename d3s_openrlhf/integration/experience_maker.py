@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import time
 from types import SimpleNamespace
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence
 
 import ray
 import torch
@@ -66,13 +66,12 @@ PG_MASK_KEY = "d3s_pg_mask"
 
 
 def config_from_args(args) -> Optional[D3SConfig]:
-    """The D3SConfig injected by the entrypoint as ``args.d3s`` (a namespace of its fields), or None."""
+    """The D3SConfig injected by the entrypoint as ``args.d3s`` (a D3SConfig, a dict or a namespace of its
+    fields), or None (D3S off)."""
     d3s = getattr(args, "d3s", None)
-    if d3s is None:
-        return None
-    if isinstance(d3s, D3SConfig):
+    if d3s is None or isinstance(d3s, D3SConfig):
         return d3s
-    return D3SConfig(**vars(d3s))
+    return D3SConfig(**(dict(d3s) if isinstance(d3s, Mapping) else vars(d3s)))
 
 
 def config_namespace(config: D3SConfig) -> SimpleNamespace:

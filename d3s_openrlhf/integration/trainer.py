@@ -26,10 +26,17 @@ from typing import Dict, Tuple
 
 import ray
 from openrlhf.trainer.ppo_trainer import PPOTrainer
-from openrlhf.trainer.ppo_trainer_async import GenerateSamplesActor, PPOTrainerAsync, TrainingActor
+from openrlhf.trainer.ppo_trainer_async import (
+    GenerateSamplesActor,
+    PPOTrainerAsync,
+    TrainingActor,
+)
 
+from d3s_openrlhf.integration.experience_maker import (
+    D3SExperienceMaker,
+    config_from_args,
+)
 from d3s_openrlhf.integration.seams import swapped_globals
-from d3s_openrlhf.integration.experience_maker import D3SExperienceMaker, config_from_args
 
 
 def rollout_steps(num_prompts: int, args) -> int:

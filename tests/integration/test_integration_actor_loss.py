@@ -9,16 +9,17 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from openrlhf.models import PolicyLoss
 from openrlhf.trainer.ppo_utils.experience import Experience
-from openrlhf.utils.loss_utils import _optimizer_step_loss_norm, iter_grad_accum_global_norm
+from openrlhf.utils.loss_utils import (
+    _optimizer_step_loss_norm,
+    iter_grad_accum_global_norm,
+)
 
 from d3s_openrlhf.core.config import D3SConfig
 from d3s_openrlhf.integration.actor import (
     PG_MASK_KEY,
     D3SPolicyLoss,
-    d3s_config_from_args,
     experience_pg_mask,
     kept_rollouts,
     pg_mask_from_rows,
@@ -26,6 +27,7 @@ from d3s_openrlhf.integration.actor import (
     scaled_max_steps,
     with_pg_window_norms,
 )
+from d3s_openrlhf.integration.experience_maker import config_from_args
 
 LOSS_CONFIGS = {
     "ppo-token": dict(policy_loss_type="ppo", token_level_loss=True),
@@ -411,10 +413,10 @@ def test_max_steps_with_a_constant_fraction_and_without_sample_selection():
 
 def test_d3s_config_is_read_from_a_config_dict_or_namespace():
     cfg = D3SConfig.from_flags({"preset": "d3s"})
-    assert d3s_config_from_args(SimpleNamespace(d3s=cfg)) is cfg
-    assert d3s_config_from_args(SimpleNamespace(d3s=cfg.to_dict())) == cfg
-    assert d3s_config_from_args(SimpleNamespace(d3s=SimpleNamespace(**cfg.to_dict()))) == cfg
-    assert d3s_config_from_args(SimpleNamespace()) is None
-    assert d3s_config_from_args(SimpleNamespace(d3s=None)) is None
+    assert config_from_args(SimpleNamespace(d3s=cfg)) is cfg
+    assert config_from_args(SimpleNamespace(d3s=cfg.to_dict())) == cfg
+    assert config_from_args(SimpleNamespace(d3s=SimpleNamespace(**cfg.to_dict()))) == cfg
+    assert config_from_args(SimpleNamespace()) is None
+    assert config_from_args(SimpleNamespace(d3s=None)) is None
     with pytest.raises(ValueError, match="k_init"):
-        d3s_config_from_args(SimpleNamespace(d3s={**cfg.to_dict(), "k_init": 0.0}))
+        config_from_args(SimpleNamespace(d3s={**cfg.to_dict(), "k_init": 0.0}))

@@ -17,11 +17,10 @@ import subprocess
 import sys
 from types import SimpleNamespace as NS
 
+import openrlhf.trainer.ray.ppo_actor as ppo_actor
 import pytest
 import torch
 import torch.distributed as dist
-
-import openrlhf.trainer.ray.ppo_actor as ppo_actor
 from openrlhf.models import Actor, PolicyLoss
 from openrlhf.models.utils import compute_approx_kl
 from openrlhf.trainer.ppo_utils import NaiveReplayBuffer

@@ -22,7 +22,10 @@ import torch
 from openrlhf.trainer.ppo_trainer import BasePPOTrainer
 from openrlhf.trainer.ppo_utils.experience import Experience, balance_experiences
 from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
-from openrlhf.trainer.ppo_utils.kl_controller import AdaptiveKLController, FixedKLController
+from openrlhf.trainer.ppo_utils.kl_controller import (
+    AdaptiveKLController,
+    FixedKLController,
+)
 from openrlhf.trainer.ray.launcher import RayActorGroup
 from openrlhf.utils import get_strategy
 
