@@ -99,7 +99,8 @@ def heldout_accuracy(model_path, heldout_path, samples=8, seed=0):
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
-    rows = [json.loads(line) for line in open(heldout_path)]
+    with open(heldout_path) as f:
+        rows = [json.loads(line) for line in f]
     prompts = [row["input"] for row in rows]
     batch = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     width = batch["input_ids"].shape[1]
@@ -134,10 +135,10 @@ def summarize(scalars, group_size, prompts_per_step):
             {
                 "step": int(step),
                 "reward": values["rollout/reward_mean"],
-                "n": int(round(values.get("d3s/n", group_size))),
+                "n": round(values.get("d3s/n", group_size)),
                 "k": round(values.get("d3s/k", 1.0), 6),  # tensorboard stores float32
-                "kept_rollouts": int(round(kept_rollouts)),
-                "kept_tokens": int(round(values["d3s/kept_tokens"])) if "d3s/kept_tokens" in values else None,
+                "kept_rollouts": round(kept_rollouts),
+                "kept_tokens": round(values["d3s/kept_tokens"]) if "d3s/kept_tokens" in values else None,
                 "kept_rollout_frac": kept_rollouts / total,
                 "kept_token_frac": values.get("d3s/kept_token_frac"),
                 "policy_loss": values.get("policy_loss"),
@@ -203,7 +204,9 @@ def main(argv=None):
     from d3s_openrlhf.cpu.metrics import read_train_scalars
 
     steps = summarize(
-        read_train_scalars(os.path.join(rl_dir, "tensorboard")), rl_config.samples_per_prompt, rl_config.prompts_per_step
+        read_train_scalars(os.path.join(rl_dir, "tensorboard")),
+        rl_config.samples_per_prompt,
+        rl_config.prompts_per_step,
     )
     if not steps:
         raise SystemExit(f"no metrics were logged under {rl_dir}/tensorboard")

@@ -7,6 +7,7 @@ Each OpenRLHF stage runs as its own process under the CPU launcher (``python -m 
 import os
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass, field
 
 from d3s_openrlhf.cpu import toy
@@ -22,7 +23,8 @@ def launcher_command(module, args):
 def run_logged(command, log_path, on_line=None, env=None, timeout=None):
     """Run ``command``, appending its output to ``log_path`` and passing each line to ``on_line``; returns rc.
 
-    On timeout or Ctrl-C the process group is terminated (the launcher then stops its Ray head).
+    After ``timeout`` seconds (raises ``TimeoutError``) or on Ctrl-C the process group is interrupted, then
+    terminated (the launcher stops its Ray head on the interrupt).
     """
     os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
     with open(log_path, "a") as log:
@@ -35,15 +37,30 @@ def run_logged(command, log_path, on_line=None, env=None, timeout=None):
             env=env,
             start_new_session=True,
         )
+        timed_out = threading.Event()
+
+        def expire():
+            timed_out.set()
+            _terminate(process)
+
+        watchdog = threading.Timer(timeout, expire) if timeout else None
         try:
+            if watchdog is not None:
+                watchdog.start()
             for line in process.stdout:
                 log.write(line)
                 if on_line is not None:
                     on_line(line)
-            return process.wait(timeout=timeout)
+            rc = process.wait()
         except BaseException:
             _terminate(process)
             raise
+        finally:
+            if watchdog is not None:
+                watchdog.cancel()
+    if timed_out.is_set():
+        raise TimeoutError(f"{' '.join(command[:5])} ... ran past {timeout}s; see {log_path}")
+    return rc
 
 
 def _terminate(process):
@@ -83,6 +100,8 @@ class Prepared:
     task: toy.TaskFiles
 
 
+# (flag, value) pairs, one per line
+# fmt: off
 def sft_args(base_model, data, output_dir, config):
     return [
         "--model.model_name_or_path", base_model,
@@ -103,6 +122,7 @@ def sft_args(base_model, data, output_dir, config):
         "--ckpt.output_dir", output_dir,
         "--ckpt.path", os.path.join(output_dir, "_ckpt"),
     ]
+# fmt: on
 
 
 def prepare(workdir, config=TaskConfig(), log_path=None, on_line=None):
@@ -141,6 +161,7 @@ class RLConfig:
     extra: list = field(default_factory=list)  # more flags, e.g. --d3s.* or --train.async_enable
 
 
+# fmt: off
 def ppo_args(model, task, out_dir, config):
     return [
         "--actor.model_name_or_path", model,
@@ -173,3 +194,4 @@ def ppo_args(model, task, out_dir, config):
         "--ckpt.path", os.path.join(out_dir, "checkpoints"),
         *config.extra,
     ]
+# fmt: on

@@ -89,7 +89,7 @@ def activate(address=None, num_gpus=DEFAULT_FAKE_GPUS, num_cpus=None, object_sto
         # With Ray's multi-node switch off, the node address is the loopback one and every Ray server
         # listens on 127.0.0.1 only: the environment variable for Ray's own processes, the constant for this
         # one (read when ray was imported).
-        import ray._private.ray_constants as ray_constants
+        from ray._private import ray_constants
 
         os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
         ray_constants.ENABLE_RAY_CLUSTER = False

@@ -76,7 +76,9 @@ def run(model_dir, syncs, scale):
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
 
         args = SimpleNamespace(
-            vllm=SimpleNamespace(num_engines=1, tensor_parallel_size=1, sync_with_ray=False, enable_prefix_caching=False),
+            vllm=SimpleNamespace(
+                num_engines=1, tensor_parallel_size=1, sync_with_ray=False, enable_prefix_caching=False
+            ),
             ds=SimpleNamespace(zero_stage=0, tensor_parallel_size=1),
         )
         trainer = SimpleNamespace(

@@ -281,3 +281,11 @@ def test_dry_run_with_schedule_steps(capsys):
 def test_dry_run_with_d3s_off(upstream_runs, capsys):
     cli.main(["--d3s.dry_run", *HOST])
     assert "D3S is off" in capsys.readouterr().out and upstream_runs == []
+
+
+def test_async_mode_is_refused_before_ray(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--d3s.preset", "d3s", "--d3s.n_final", "16", "--train.async_enable", *HOST])
+    assert exit_info.value.code == 2
+    assert "--train.async_enable" in capsys.readouterr().err
+    assert not ray.is_initialized()
