@@ -132,13 +132,6 @@ def validate_against_host(config: D3SConfig, host_args) -> D3SPlan:
     num_prompts = host_args.rollout.batch_size
     dp = data_parallel_size(host_args)
     unit = kept_count_unit(host_args)
-    if config.enabled and host_args.train.async_enable:
-        # upstream's async TrainingActor calls zero-argument super() in broadcast_to_vllm, which fails on a
-        # subclass shipped to a Ray worker (TypeError at the first weight sync); refuse it before any Ray work
-        raise D3SValidationError(
-            "D3S does not support --train.async_enable yet: drop --train.async_enable (synchronous training) or "
-            "turn D3S off (--d3s.preset grpo)"
-        )
     if not config.samples_enabled:
         return D3SPlan(num_prompts, group_size, dp, unit)
 

@@ -130,6 +130,12 @@ class _D3SPPOTrainer(D3STrainerMixin, PPOTrainer.__ray_actor_class__):
 class _D3STrainingActor(D3STrainerMixin, TrainingActor.__ray_actor_class__):
     """Async training actor: the horizon is set by ``D3SPPOTrainerAsync`` from the generator actor."""
 
+    def broadcast_to_vllm(self):
+        # Ray ships the methods of upstream's @ray.remote classes by value: the copy it installs on the actor
+        # binds zero-argument super() to a copy of TrainingActor that is not in this class's MRO (TypeError at
+        # the first weight sync). Entering through this importable method resolves the imported class instead.
+        super().broadcast_to_vllm()
+
 
 class _D3SGenerateSamplesActor(GenerateSamplesActor.__ray_actor_class__):
     """Async generator actor that can report the run's number of rollout steps."""

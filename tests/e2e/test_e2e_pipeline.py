@@ -113,6 +113,14 @@ def test_two_data_parallel_ranks_zero3(toy_sft, run_pipeline, assert_clean_run, 
     assert_kept_counts(run, expected_schedule(CROSS, config, STEPS))
 
 
+def test_async_mode(toy_sft, run_pipeline, assert_clean_run, tmp_path):
+    # generation overlaps training; selection, token mask and schedule run in the training actor
+    config = dataclasses.replace(BASE, extra=d3s_flags(**CROSS) + ["--train.async_enable"])
+    run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "async", config), name="async")
+    assert_clean_run(run, range(1, STEPS + 1))
+    assert_kept_counts(run, expected_schedule(CROSS, config, STEPS))
+
+
 def test_checkpoint_resume_continues_schedule(toy_sft, run_pipeline, assert_clean_run, tmp_path):
     """Run 2 of 4 scheduled steps with a checkpoint, then resume with the data for 4: steps 3-4 follow on."""
     fields = dict(CROSS, schedule_steps=4)

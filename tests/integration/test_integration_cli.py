@@ -283,9 +283,7 @@ def test_dry_run_with_d3s_off(upstream_runs, capsys):
     assert "D3S is off" in capsys.readouterr().out and upstream_runs == []
 
 
-def test_async_mode_is_refused_before_ray(capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main(["--d3s.preset", "d3s", "--d3s.n_final", "16", "--train.async_enable", *HOST])
-    assert exit_info.value.code == 2
-    assert "--train.async_enable" in capsys.readouterr().err
-    assert not ray.is_initialized()
+def test_async_mode_validates_and_dry_runs(upstream_runs, capsys):
+    cli.main(["--d3s.preset", "d3s", "--d3s.n_final", "16", "--train.async_enable", "--d3s.dry_run", *HOST])
+    assert "kept rollouts" in capsys.readouterr().out
+    assert upstream_runs == [] and not ray.is_initialized()

@@ -9,6 +9,7 @@ needed for construction and are None. The step logic itself is tested in test_in
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import ray
@@ -17,7 +18,13 @@ from openrlhf.utils import get_strategy
 from d3s_openrlhf.cli.train_ppo_ray import parse_host_args
 from d3s_openrlhf.core.config import D3SConfig
 from d3s_openrlhf.integration.experience_maker import config_namespace
-from d3s_openrlhf.integration.trainer import D3SPPOTrainer, D3SPPOTrainerAsync
+from d3s_openrlhf.integration.actor import D3SPolicyModelActor
+from d3s_openrlhf.integration.trainer import (
+    D3SGenerateSamplesActor,
+    D3SPPOTrainer,
+    D3SPPOTrainerAsync,
+    D3STrainingActor,
+)
 
 
 @pytest.fixture(scope="module")
@@ -77,10 +84,61 @@ def _inspector():
     return inspect
 
 
+def _super_checker():
+    """A function run inside an actor: methods whose zero-argument ``super()`` is bound to a class outside the
+    actor's MRO (calling them raises ``TypeError: super(type, obj)``)."""
+
+    def unbound_super_methods(instance):
+        import inspect as inspect_module
+
+        mro = type(instance).__mro__
+        broken = []
+        for name, member in inspect_module.getmembers(type(instance), callable):
+            function = inspect_module.unwrap(member)  # Ray's tracing wrapper sets __wrapped__
+            code = getattr(function, "__code__", None)
+            if code is None or "__class__" not in code.co_freevars:
+                continue
+            bound = function.__closure__[code.co_freevars.index("__class__")].cell_contents
+            if bound not in mro:
+                broken.append(f"{name} (super() bound to a copy of {bound.__qualname__})")
+        return broken
+
+    return unbound_super_methods
+
+
+def _pickled_by_reference(cls):
+    """Whether cloudpickle ships ``cls`` by reference: its module attribute of that name is the class itself."""
+    found = sys.modules.get(cls.__module__)
+    for part in cls.__qualname__.split("."):
+        found = getattr(found, part, None)
+    return found is cls
+
+
+@pytest.mark.parametrize(
+    "actor_class", [D3SPolicyModelActor, D3SPPOTrainer, D3SPPOTrainerAsync, D3STrainingActor, D3SGenerateSamplesActor]
+)
+def test_no_inherited_method_binds_super_to_a_shipped_copy(actor_class):
+    """Upstream's @ray.remote classes are not importable by name (the module attribute is the ActorClass), so
+    Ray ships their methods by value, each ``super()`` bound to a copy of its class. If one of our importable
+    subclasses sits between the actor and that class, the MRO holds the imported class, not the copy: any such
+    inherited method that uses zero-argument ``super()`` must be overridden by an importable one."""
+    cls = actor_class.__ray_actor_class__
+    broken = []
+    for name in dir(cls):
+        owner_index, owner = next((i, c) for i, c in enumerate(cls.__mro__) if name in c.__dict__)
+        code = getattr(owner.__dict__[name], "__code__", None)
+        if code is None or "__class__" not in code.co_freevars or _pickled_by_reference(owner):
+            continue
+        if any(_pickled_by_reference(c) for c in cls.__mro__[:owner_index]):
+            broken.append(f"{owner.__qualname__}.{name}")
+    assert not broken, f"override these in {cls.__qualname__}: {broken}"
+
+
 def test_sync_trainer_builds_the_d3s_experience_maker_and_horizon(run_files):
     model, prompts = run_files
     trainer = D3SPPOTrainer.remote(model, _strategy(model, prompts), None, None, None, None, None, max_len=64)
     name, maker, steps = ray.get(trainer.__ray_call__.remote(_inspector()))
+    assert ray.get(trainer.__ray_call__.remote(_super_checker())) == []
     assert (name, maker) == ("_D3SPPOTrainer", "D3SExperienceMaker")
     assert steps == 6  # ceil(10 prompts / 4) rollout steps per episode, 2 episodes
     assert ray.get(trainer.get_max_steps.remote()) == 20  # upstream's LR horizon is untouched here
@@ -93,10 +151,15 @@ def test_async_trainer_builds_d3s_generator_and_training_actors(run_files):
     trainer = D3SPPOTrainerAsync.remote(model, strategy, None, None, None, None, None, max_len=64)
 
     inspect = _inspector()
+    check_super = _super_checker()
 
     def inside(wrapper):
         import openrlhf.trainer.ppo_trainer_async as module
 
+        broken = check_super(wrapper)
+        for actor in (wrapper.trainer_actor, wrapper.generator_actor):
+            broken += ray.get(actor.__ray_call__.remote(check_super))
+        assert not broken, broken
         training = ray.get(wrapper.trainer_actor.__ray_call__.remote(inspect))
         steps = ray.get(wrapper.generator_actor.d3s_rollout_steps.remote())
         globals_now = (
