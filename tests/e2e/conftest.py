@@ -82,15 +82,17 @@ class Run:
 
 @pytest.fixture
 def run_pipeline(tmp_path):
-    """``run_pipeline(module, args, name=..., env_flag=False) -> Run``: one run, its metrics, leftover processes.
+    """``run_pipeline(module, args, name=..., env_flag=False, env=None) -> Run``: one run, its metrics, leftover
+    processes.
 
     The run goes through the launcher (``python -m d3s_openrlhf.cli.cpu module ...``), or with ``env_flag`` through
-    ``D3S_OPENRLHF_CPU=1 python -m module ...`` (the module then activates the runtime itself).
+    ``D3S_OPENRLHF_CPU=1 python -m module ...`` (the module then activates the runtime itself). ``env`` adds
+    environment variables.
     """
 
-    def run(module, args, name="run", env_flag=False):
+    def run(module, args, name="run", env_flag=False, env=None):
         run_id = uuid.uuid4().hex
-        env = dict(os.environ, **{MARKER: run_id})
+        env = dict(os.environ, **(env or {}), **{MARKER: run_id})
         env.pop("RAY_ADDRESS", None)
         if env_flag:
             env["D3S_OPENRLHF_CPU"] = "1"

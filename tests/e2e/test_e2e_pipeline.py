@@ -8,8 +8,12 @@ no process of the run outlived it.
 import dataclasses
 import math
 import os
+import shutil
+import subprocess
 from fractions import Fraction
+from pathlib import Path
 
+import openrlhf
 import pytest
 
 from d3s_openrlhf.core.batching import kept_unit, legal_kept_count
@@ -17,6 +21,8 @@ from d3s_openrlhf.core.config import D3SConfig
 from d3s_openrlhf.cpu import pipeline
 
 pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
 
 PROMPTS = 16
 GROUP = 8
@@ -135,3 +141,19 @@ def test_checkpoint_resume_continues_schedule(toy_sft, run_pipeline, assert_clea
     run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "resumed", resumed), name="resumed")
     assert_clean_run(run, [3, 4])
     assert_kept_counts(run, expected_schedule(fields, resumed, 4, first_step=3))
+
+
+def test_patched_upstream_entrypoint(toy_sft, run_pipeline, assert_clean_run, tmp_path):
+    """The fork path: OpenRLHF's own ``python -m openrlhf.cli.train_ppo_ray --d3s.*`` from a patched copy."""
+    fork = tmp_path / "fork"
+    shutil.copytree(Path(openrlhf.__file__).parent, fork / "openrlhf", ignore=shutil.ignore_patterns("*.pyc"))
+    applied = subprocess.run(["bash", str(REPO / "patches" / "apply.sh"), str(fork)], capture_output=True, text=True)
+    assert applied.returncode == 0, applied.stderr
+    # the Ray head and its workers inherit PYTHONPATH: every process imports the patched copy
+    env = {"PYTHONPATH": os.pathsep.join([str(fork), str(REPO)])}
+
+    config = dataclasses.replace(BASE, extra=d3s_flags(**CROSS))
+    args = ppo_args(toy_sft, tmp_path, "fork", config)
+    run = run_pipeline("openrlhf.cli.train_ppo_ray", args, name="fork", env_flag=True, env=env)
+    assert_clean_run(run, range(1, STEPS + 1))
+    assert_kept_counts(run, expected_schedule(CROSS, config, STEPS))  # unpatched, upstream rejects --d3s.*
