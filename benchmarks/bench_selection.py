@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import statistics
@@ -100,6 +101,9 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", type=Path, default=RESULTS, help="results file (overwritten)")
+    parser.add_argument(
+        "--json", type=Path, default=RESULTS.parent / "results" / "selection.json", help="the rows, for report.py"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -153,7 +157,10 @@ def main() -> None:
     print()
     print(table)
     args.output.write_text(table)
-    print(f"written to {args.output}")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    keys = ("prompts", "group", "scope", "keep", "ours_ms", "reference_ms")
+    args.json.write_text(json.dumps({"date": now, "rows": [dict(zip(keys, row)) for row in rows]}, indent=1))
+    print(f"written to {args.output} and {args.json}")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 from d3s_openrlhf.core.advantages import ADVANTAGE_ESTIMATORS
 from d3s_openrlhf.core.batching import legal_kept_count
 from d3s_openrlhf.core.config import FLAG_PREFIX, D3SConfig
-from d3s_openrlhf.cpu.runtime import activate_if_requested
+from d3s_openrlhf.cpu import runtime as cpu_runtime
 
 UPSTREAM_MODULE = "openrlhf.cli.train_ppo_ray"
 PROG = "d3s_openrlhf.cli.train_ppo_ray"
@@ -296,7 +296,13 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         print(format_plan(config, plan))
         return
     # D3S_OPENRLHF_CPU=1: a loopback Ray head with the CPU adjustments in every worker (no-op otherwise)
-    activate_if_requested()
+    if cpu_runtime.requested():
+        try:
+            cpu_runtime.check_gpu_demand(host_args)
+        except ValueError as exc:
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
+            raise SystemExit(2) from exc
+    cpu_runtime.activate_if_requested()
     if not config.enabled:
         run_upstream(host_argv)
         return

@@ -156,6 +156,11 @@ class RLConfig:
     micro_batch_size: int = 16
     lr: float = 2e-4
     estimator: str = "group_norm"
+    kl_coef: float = 0.0  # --algo.kl.init_coef; > 0 adds the reference model's forward
+    max_new_tokens: int = 4
+    max_len: int = 16  # --data.max_len: prompt + response tokens
+    reward: str = REWARD_FILE  # a reward_func file for --reward.remote_url
+    seed: int = 42  # --train.seed (OpenRLHF's default): data order, vLLM sampling, initialisation
     actor_gpus: int = 1
     zero_stage: int = 2
     extra: list = field(default_factory=list)  # more flags, e.g. --d3s.* or --train.async_enable
@@ -165,23 +170,25 @@ class RLConfig:
 def ppo_args(model, task, out_dir, config):
     return [
         "--actor.model_name_or_path", model,
-        "--reward.remote_url", REWARD_FILE,
+        "--reward.remote_url", config.reward,
         "--data.prompt_dataset", task.prompts,
         "--data.input_key", "input",
         "--data.label_key", "label",
         "--data.max_samples", config.prompts_per_step * config.steps,
         "--train.num_episodes", config.episodes,
-        "--data.max_len", 16,
-        "--rollout.max_new_tokens", 4,
+        "--train.seed", config.seed,
+        "--data.max_len", config.max_len,
+        "--rollout.max_new_tokens", config.max_new_tokens,
         "--rollout.batch_size", config.prompts_per_step,
         "--rollout.n_samples_per_prompt", config.samples_per_prompt,
         "--rollout.micro_batch_size", config.micro_batch_size,
         "--train.batch_size", config.train_batch_size,
         "--train.micro_batch_size", config.micro_batch_size,
         "--algo.advantage.estimator", config.estimator,
-        "--algo.kl.init_coef", 0,
+        "--algo.kl.init_coef", config.kl_coef,
         "--actor.num_nodes", 1,
         "--actor.num_gpus_per_node", config.actor_gpus,
+        "--ref.num_gpus_per_node", config.actor_gpus,  # upstream's default (8) would wait forever for GPUs
         "--actor.adam.lr", config.lr,
         "--actor.lr_warmup_ratio", 0,
         "--vllm.num_engines", 1,

@@ -51,6 +51,38 @@ def activate_if_requested(**kwargs):
     return True
 
 
+def gpu_demand(args):
+    """{model group: fake GPUs} that ``openrlhf.cli.train_ppo_ray`` reserves for these (hierarchized) args when no
+    groups are colocated; None with a colocation flag (groups then share GPUs). Upstream waits on its placement
+    groups without a timeout, so a demand above the runtime's fake GPUs would hang instead of failing."""
+    if args.train.colocate_all or args.train.colocate_actor_ref or args.train.colocate_critic_reward:
+        return None
+    demand = {"actor": args.actor.num_nodes * args.actor.num_gpus_per_node}
+    if args.algo.kl.init_coef > 0:
+        demand["ref"] = args.ref.num_nodes * args.ref.num_gpus_per_node
+    if args.critic.model_name_or_path:
+        demand["critic"] = args.critic.num_nodes * args.critic.num_gpus_per_node
+    if not args.reward.remote_url:
+        demand["reward"] = args.reward.num_nodes * args.reward.num_gpus_per_node
+    if args.vllm.num_engines:
+        demand["vllm"] = args.vllm.num_engines * args.vllm.tensor_parallel_size
+    return demand
+
+
+def check_gpu_demand(args, num_gpus=DEFAULT_FAKE_GPUS):
+    """Raise ``ValueError`` naming the flags when the run would wait forever for GPUs on the local CPU head."""
+    demand = gpu_demand(args)
+    if demand is None or os.environ.get("RAY_ADDRESS") or sum(demand.values()) <= num_gpus:
+        return
+    parts = ", ".join(f"--{group}.num_nodes x --{group}.num_gpus_per_node = {n}" for group, n in demand.items())
+    raise ValueError(
+        f"the CPU runtime has {num_gpus} fake GPUs but this run's placement groups ask for "
+        f"{sum(demand.values())} ({parts}; vllm = --vllm.num_engines x --vllm.tensor_parallel_size), and OpenRLHF "
+        "would wait for them forever: lower those flags (upstream's default --ref.num_gpus_per_node is 8) or "
+        "colocate groups (--train.colocate_actor_ref)"
+    )
+
+
 def _worker_env():
     env = {}
     for key, default in WORKER_ENV_DEFAULTS.items():

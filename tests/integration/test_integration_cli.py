@@ -287,3 +287,32 @@ def test_async_mode_validates_and_dry_runs(upstream_runs, capsys):
     cli.main(["--d3s.preset", "d3s", "--d3s.n_final", "16", "--train.async_enable", "--d3s.dry_run", *HOST])
     assert "kept rollouts" in capsys.readouterr().out
     assert upstream_runs == [] and not ray.is_initialized()
+
+
+# ── the CPU runtime's GPU check (D3S_OPENRLHF_CPU=1) ──
+
+REMOTE_REWARD = ["--reward.remote_url", "reward.py"]
+
+
+def test_cpu_runtime_refuses_a_run_that_would_wait_for_gpus(monkeypatch, capsys):
+    monkeypatch.setenv("D3S_OPENRLHF_CPU", "1")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    # upstream's default --ref.num_gpus_per_node is 8: 2 actor + 8 reference GPUs > the runtime's 8
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--d3s.preset", "d3s", "--d3s.n_final", "16", "--algo.kl.init_coef", "0.01", *REMOTE_REWARD, *HOST])
+    assert exit_info.value.code == 2
+    assert "--ref.num_nodes x --ref.num_gpus_per_node = 8" in capsys.readouterr().err
+    assert not ray.is_initialized()
+
+
+def test_gpu_demand_counts_the_groups_upstream_places():
+    from d3s_openrlhf.cpu import runtime
+
+    flags = [*HOST, *REMOTE_REWARD, "--algo.kl.init_coef", "0.01", "--ref.num_gpus_per_node", "2"]
+    args = cli.parse_host_args([*flags, "--vllm.num_engines", "2"])
+    assert runtime.gpu_demand(args) == {"actor": 2, "ref": 2, "vllm": 2}
+    runtime.check_gpu_demand(args)  # 6 of 8: fits
+    with pytest.raises(ValueError, match="ask for 10"):
+        runtime.check_gpu_demand(cli.parse_host_args([*flags, "--vllm.num_engines", "6"]))
+    assert runtime.gpu_demand(cli.parse_host_args([*HOST, "--algo.kl.init_coef", "0"])) == {"actor": 2, "reward": 8}
+    assert runtime.gpu_demand(cli.parse_host_args([*flags, "--train.colocate_actor_ref"])) is None

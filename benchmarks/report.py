@@ -1,0 +1,476 @@
+"""Turn the benchmark results into ``benchmarks/RESULTS.md`` with its plots (``benchmarks/results/*.png``).
+
+    .venv/bin/python benchmarks/report.py [--results benchmarks/results]
+
+Reads ``selection.json`` (bench_selection.py), ``step_cost.json`` (bench_step_cost.py) and ``learning.json``
+(bench_learning.py). Every number and every comparison in the document is computed here from those files, so
+a rerun of ``benchmarks/run_all.sh`` regenerates the whole document consistently.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+SMOOTH = 10  # steps of the trailing mean used for "reward reached" and for the final reward
+PAPER_SPEEDUP = {"D3S": 2.04, "PODS": 1.7}  # D3S: 2.04x faster than GRPO; PODS: >= 1.7x sooner to GRPO's peak
+COLORS = {"GRPO": "tab:gray", "PODS": "tab:orange", "D3S": "tab:blue", "D3S-I": "tab:green"}
+
+
+def trailing_mean(values, window=SMOOTH):
+    values = np.asarray(values, dtype=float)
+    sums = np.cumsum(np.insert(values, 0, 0.0))
+    counts = np.minimum(np.arange(1, len(values) + 1), window)
+    return (sums[1:] - sums[np.arange(1, len(values) + 1) - counts]) / counts
+
+
+# -- learning efficiency ------------------------------------------------------------------------------------------
+
+
+def seed_curves(run, group_size_times_prompts):
+    """Per step: reward, training wall clock (cumulative), cumulative policy-gradient tokens, grad norm."""
+    steps = run["steps"]
+    reward = np.array([s["rollout/reward_mean"] for s in steps])
+    wall = np.cumsum([s["timing/step_total"] for s in steps])
+    tokens = np.cumsum(
+        [
+            s["d3s/kept_tokens"]
+            if "d3s/kept_tokens" in s
+            else s["rollout/response_length_mean"] * group_size_times_prompts
+            for s in steps
+        ]
+    )
+    grad = np.array([s["actor_grad_norm"] for s in steps])
+    kept = np.array([s.get("d3s/kept_rollouts", group_size_times_prompts) for s in steps])
+    select = np.array([s.get("d3s/select_time_s", 0.0) for s in steps])
+    step_total = np.array([s["timing/step_total"] for s in steps])
+    untrained = np.array([s["timing/generation"] + s["timing/broadcast"] for s in steps])  # not touched by D3S
+    return dict(
+        reward=reward, wall=wall, tokens=tokens, grad=grad, kept=kept, select=select, step_total=step_total,
+        untrained=untrained,
+    )  # fmt: skip
+
+
+def first_reach(smoothed, target):
+    # the tolerance lets GRPO's own curve reach its final value (its last trailing mean is that value)
+    hits = np.nonzero(smoothed >= target - 1e-9)[0]
+    return int(hits[0]) if len(hits) else None
+
+
+def learning_analysis(document):
+    total = 16 * 16  # prompts x rollouts per step of the demo's RL job
+    methods = {}
+    for method, seeds in document["results"].items():
+        curves = [seed_curves(run, total) for run in seeds.values()]
+        mean = {key: np.mean([c[key] for c in curves], axis=0) for key in curves[0]}
+        methods[method] = {
+            "curves": curves,
+            "mean": mean,
+            "heldout_greedy": [run["heldout"]["greedy"] for run in seeds.values()],
+            "heldout_sampled": [run["heldout"]["sampled"] for run in seeds.values()],
+            "final": [float(c["reward"][-SMOOTH:].mean()) for c in curves],
+            "seeds": list(seeds),
+        }
+    target = float(np.mean(methods["GRPO"]["final"]))
+    for info in methods.values():
+        mean = info["mean"]
+        index = first_reach(trailing_mean(mean["reward"]), target)
+        info["reach_step"] = None if index is None else index + 1
+        info["reach_wall"] = None if index is None else float(mean["wall"][index])
+        info["reach_tokens"] = None if index is None else float(mean["tokens"][index])
+        per_seed = []
+        for curve in info["curves"]:
+            hit = first_reach(trailing_mean(curve["reward"]), target)
+            per_seed.append(None if hit is None else float(curve["wall"][hit]))
+        info["reach_wall_per_seed"] = per_seed
+    grpo = methods["GRPO"]
+    for info in methods.values():
+        info["speedup_wall"] = _ratio(grpo["reach_wall"], info["reach_wall"])
+        info["speedup_steps"] = _ratio(grpo["reach_step"], info["reach_step"])
+        info["speedup_tokens"] = _ratio(grpo["reach_tokens"], info["reach_tokens"])
+    return target, methods
+
+
+def _ratio(numerator, denominator):
+    return None if numerator is None or denominator is None else numerator / denominator
+
+
+def plot_learning(methods, target, path_reward, path_grad):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 3, figsize=(15, 4.2), sharey=True)
+    for method, info in methods.items():
+        mean = info["mean"]
+        smoothed = np.array([trailing_mean(c["reward"]) for c in info["curves"]])
+        low, high = smoothed.min(axis=0), smoothed.max(axis=0)
+        for axis, x in zip(axes, (np.arange(1, len(mean["reward"]) + 1), mean["wall"], mean["tokens"] / 1e3)):
+            axis.plot(x, trailing_mean(mean["reward"]), color=COLORS.get(method), label=method)
+            axis.fill_between(x, low, high, color=COLORS.get(method), alpha=0.12)
+    for axis, label in zip(axes, ("RL step", "training wall clock (s, sum of step times)", "policy-gradient tokens (k)")):
+        axis.axhline(target, color="black", linestyle=":", linewidth=1)
+        axis.set_xlabel(label)
+        axis.grid(alpha=0.3)
+    axes[0].set_ylabel(f"rollout reward ({SMOOTH}-step trailing mean)")
+    axes[0].legend(loc="lower right", fontsize=9)
+    axes[1].set_title("seed mean (line) and seed range (band); dotted: GRPO's final reward")
+    figure.tight_layout()
+    figure.savefig(path_reward, dpi=110)
+    plt.close(figure)
+
+    figure, axis = plt.subplots(figsize=(7, 4))
+    for method, info in methods.items():
+        grad = info["mean"]["grad"]
+        axis.plot(np.arange(1, len(grad) + 1), trailing_mean(grad, 5), color=COLORS.get(method), label=method)
+    axis.set_xlabel("RL step")
+    axis.set_ylabel("actor grad norm (last optimizer step; 5-step mean)")
+    axis.legend(fontsize=9)
+    axis.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path_grad, dpi=110)
+    plt.close(figure)
+
+
+# -- step cost ----------------------------------------------------------------------------------------------------
+
+
+def plot_step_cost(points, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    base = points[0]
+    figure, axis = plt.subplots(figsize=(6.5, 4.5))
+    axis.plot([0, 1.05], [0, 1.05], color="black", linestyle=":", linewidth=1, label="time ratio = kept-rollout ratio")
+    for key, marker, label in (
+        ("timing/make_experience", "o", "experience making"),
+        ("timing/ppo_train", "s", "actor update"),
+        ("timing/step_total", "^", "whole step (incl. generation)"),
+    ):
+        for point in points[1:]:
+            kept = point["kept_rollouts"] / base["kept_rollouts"]
+            filled = point["k"] >= 1.0
+            axis.scatter(
+                kept,
+                point[key] / base[key],
+                marker=marker,
+                s=60,
+                facecolors=None if filled else "none",
+                edgecolors="tab:blue" if key == "timing/make_experience" else "tab:red" if "ppo" in key else "tab:gray",
+                color="tab:blue" if key == "timing/make_experience" else "tab:red" if "ppo" in key else "tab:gray",
+                label=f"{label}" if point is points[1] else None,
+            )
+    axis.set_xlabel("kept rollouts / all rollouts")
+    axis.set_ylabel("time / GRPO's time (median step)")
+    axis.set_xlim(0, 1.05)
+    axis.set_ylim(0, 1.3)
+    axis.set_title("D3S step cost vs GRPO (filled: K = 1, open: K = 0.2)")
+    axis.legend(fontsize=8, loc="upper left")
+    axis.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+# -- the document -------------------------------------------------------------------------------------------------
+
+
+def fmt(value, pattern="{:.2f}", missing="not reached"):
+    return missing if value is None else pattern.format(value)
+
+
+def mean_std(values, pattern="{:.3f}"):
+    return f"{pattern.format(statistics.mean(values))} ± {pattern.format(statistics.stdev(values) if len(values) > 1 else 0.0)}"
+
+
+def step_cost_section(cost):
+    points = cost["points"]
+    base = points[0]
+    rows = [
+        "| point | kept rollouts | PG tokens | experience making | actor update | generation | whole step | "
+        "selection |",
+        "|:---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for point in points:
+        kept = point["kept_rollouts"] / base["kept_rollouts"]
+        tokens = point["pg_tokens"] / base["pg_tokens"]
+        cells = [
+            point["label"],
+            f"{point['kept_rollouts']:.0f} ({kept:.2f})",
+            f"{point['pg_tokens']:.0f} ({tokens:.2f})",
+            f"{point['timing/make_experience']:.2f} s ({point['timing/make_experience'] / base['timing/make_experience']:.2f})",
+            f"{point['timing/ppo_train']:.2f} s ({point['timing/ppo_train'] / base['timing/ppo_train']:.2f})",
+            f"{point['timing/generation']:.2f} s",
+            f"{point['timing/step_total']:.2f} s ({point['timing/step_total'] / base['timing/step_total']:.2f})",
+            f"{point['select_time_s'] * 1e3:.1f} ms",
+        ]
+        rows.append("| " + " | ".join(cells) + " |")
+
+    def ratio(point, key):
+        return point[key] / base[key]
+
+    by_label = {p["label"]: p for p in points}
+    token_only = by_label.get("N/G=1, K=0.2")
+    sample_points = [p for p in points[1:] if p["n"] < cost["group"]]
+    kept_fracs = [p["kept_rollouts"] / base["kept_rollouts"] for p in sample_points]
+    make_ratios = [ratio(p, "timing/make_experience") for p in sample_points]
+    train_ratios = [ratio(p, "timing/ppo_train") for p in sample_points]
+    excess = [made - kept for made, kept in zip(make_ratios, kept_fracs)]
+
+    def listing(values):
+        return ", ".join(f"{v:.2f}" for v in values)
+
+    lines = [
+        "## 1. Step cost: experience making and actor update",
+        "",
+        f"Command: `.venv/bin/python {cost['command']}` · machine: {cost['machine']} · date: {cost['date']}.",
+        "",
+        f"Each row is a real `train_ppo_ray` run on the CPU runtime: a randomly initialised Llama "
+        f"({cost['model']['shape']['num_layers']} layers, hidden {cost['model']['shape']['hidden_size']}, vocabulary "
+        f"{cost['model']['vocab']}), {cost['prompts_per_step']} prompts x {cost['group']} rollouts of "
+        f"{base['response_length_mean']:.0f} tokens per step, reference model on (KL coefficient 0.001), learning "
+        "rate 0 so that every step of every run samples from the same policy. D3S rows use cross-group selection "
+        "at a constant (N, K). Times are medians over steps 2-5 (step 1 is warm-up); ratios to GRPO in "
+        "parentheses. \"Experience making\" is OpenRLHF's `timing/make_experience` (reward, selection, actor "
+        "log-prob + entropy and reference forwards); \"actor update\" is `timing/ppo_train` (forward, backward, "
+        "optimizer steps).",
+        "",
+        *rows,
+        "",
+        "![step cost](results/step_cost.png)",
+        "",
+        "**Reading.**",
+        f"- Experience making at kept fractions {listing(kept_fracs)} took {listing(make_ratios)} of GRPO's time: "
+        + (
+            "it scales with the kept rollouts, because selection runs before the log-prob forwards. "
+            if abs(statistics.mean(excess)) <= 0.15
+            else "it does not scale in proportion to the kept rollouts. "
+        )
+        + f"The excess over the kept fraction (mean {statistics.mean(excess):+.2f}) is per-step work that does not "
+        "shrink with selection: reward and advantage bookkeeping, Ray transfers of all rollouts, the selection.",
+        f"- The actor update took {listing(train_ratios)} of GRPO's time for the same points"
+        + (
+            ": it scales with the kept rollouts (fewer micro-batches and optimizer steps)."
+            if abs(statistics.mean(t - k for t, k in zip(train_ratios, kept_fracs))) <= 0.15
+            else ", not in proportion to the kept rollouts."
+        ),
+    ]
+    if token_only is not None:
+        unchanged = all(abs(ratio(token_only, key) - 1) <= 0.1 for key in ("timing/make_experience", "timing/ppo_train"))
+        lines.append(
+            f"- Token selection alone (N = G, K = 0.2: {token_only['pg_tokens'] / base['pg_tokens']:.2f} of the "
+            f"policy-gradient tokens) took {ratio(token_only, 'timing/make_experience'):.2f} (experience making) and "
+            f"{ratio(token_only, 'timing/ppo_train'):.2f} (update) of GRPO's time"
+            + (": it saves no forward or backward compute, as expected." if unchanged else ".")
+            + " The masked tokens still pass through the model (the KL term and GSPO's sequence ratio "
+            "need their log-probs); what the mask changes is which tokens carry gradient signal, i.e. the "
+            "learning signal per step (section 2), not the cost of a step. Its own cost is the entropy over the "
+            "vocabulary in the experience-making forward, included in the figure above."
+        )
+    lines.append(
+        f"- Generation is untouched by D3S ({statistics.mean(p['timing/generation'] for p in points):.1f} s per step "
+        "here at every point): the whole step shrinks less than its trained parts."
+    )
+    return lines
+
+
+def selection_section(selection, cost, learning_methods):
+    rows = {(r["prompts"], r["group"], r["scope"]): r for r in selection["rows"]}
+    big = rows.get((1024, 64, "cross"))
+    step_cost_shares = [p["select_time_s"] / p["timing/step_total"] for p in cost["points"][1:]]
+    learning_shares = []
+    for method, info in learning_methods.items():
+        if method == "GRPO":
+            continue
+        for curve in info["curves"]:
+            learning_shares.append(float(np.median(curve["select"] / curve["step_total"])))
+    lines = [
+        "## 3. Selection overhead in context",
+        "",
+        f"Core benchmark (`.venv/bin/python benchmarks/bench_selection.py`, {selection['date']}, "
+        "[RESULTS_selection.md](RESULTS_selection.md)): exact max-variance selection of B x G rollouts, one thread.",
+        "",
+        "| B x G | intra (ms) | cross (ms) |",
+        "|:---|---:|---:|",
+    ]
+    for prompts, group in sorted({(r["prompts"], r["group"]) for r in selection["rows"]}):
+        intra, cross = rows[(prompts, group, "intra")], rows[(prompts, group, "cross")]
+        lines.append(f"| {prompts} x {group} | {intra['ours_ms']:.2f} | {cross['ours_ms']:.2f} |")
+    lines += [
+        "",
+        f"- Inside the pipeline, `d3s/select_time_s` (selection + token mask, as logged) was a median "
+        f"{100 * statistics.median(step_cost_shares):.3f}% of a step in the step-cost runs (128 rollouts of 64 "
+        f"tokens) and {100 * statistics.median(learning_shares):.2f}% in the learning runs (256 rollouts of <= 4 "
+        "tokens, where a whole step takes well under a second).",
+    ]
+    if big is not None:
+        lines.append(
+            f"- At 1024 prompts x 64 rollouts (65,536 rollouts) cross-group selection "
+            f"takes {big['ours_ms']:.1f} ms: it would reach 1% of a step only if the whole step (generation of 65k "
+            f"responses, forwards, update) took under {big['ours_ms'] * 100 / 1e3:.1f} s."
+        )
+    return lines
+
+
+def learning_section(document, target, methods):
+    seeds = len(next(iter(methods.values()))["seeds"])
+    rows = [
+        "| method | final reward | held-out greedy | held-out sampled | PG tokens (total) | training time | "
+        "reaches GRPO's final reward at | speed-up (time) | speed-up (steps) | speed-up (PG tokens) | "
+        "seeds reaching it |",
+        "|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for method, info in methods.items():
+        reached = sum(t is not None for t in info["reach_wall_per_seed"])
+        mean = info["mean"]
+        cells = [
+            method,
+            mean_std(info["final"]),
+            mean_std(info["heldout_greedy"]),
+            mean_std(info["heldout_sampled"]),
+            f"{mean['tokens'][-1] / 1e3:.1f}k",
+            f"{mean['wall'][-1]:.0f} s",
+            "not reached"
+            if info["reach_step"] is None
+            else f"step {info['reach_step']}, {info['reach_wall']:.0f} s",
+            fmt(info["speedup_wall"], "{:.2f}x", "-"),
+            fmt(info["speedup_steps"], "{:.2f}x", "-"),
+            fmt(info["speedup_tokens"], "{:.2f}x", "-"),
+            f"{reached}/{len(info['reach_wall_per_seed'])}",
+        ]
+        rows.append("| " + " | ".join(cells) + " |")
+
+    grad_rows = ["| method | grad norm, steps 1-25 | steps 26-50 | steps 51-75 |", "|:---|---:|---:|---:|"]
+    for method, info in methods.items():
+        grad = info["mean"]["grad"]
+        thirds = np.array_split(grad, 3)
+        grad_rows.append(f"| {method} | " + " | ".join(f"{part.mean():.2f}" for part in thirds) + " |")
+
+    grpo_grad = methods["GRPO"]["mean"]["grad"].mean()
+    reading = ["**Reading.**"]
+    for method in ("D3S", "D3S-I", "PODS"):
+        if method not in methods:
+            continue
+        info = methods[method]
+        paper = PAPER_SPEEDUP.get(method)
+        speedup = info["speedup_wall"]
+        if speedup is None:
+            verdict = "never reached GRPO's final reward (seed-mean curve)"
+        else:
+            verdict = (
+                f"reached GRPO's final reward {speedup:.2f}x as fast in training time ({info['speedup_steps']:.2f}x "
+                f"in steps, {info['speedup_tokens']:.2f}x in policy-gradient tokens)"
+            )
+        spread = [t for t in info["reach_wall_per_seed"]]
+        spread_text = ", ".join("-" if t is None else f"{t:.0f} s" for t in spread)
+        if paper is None:
+            compare = ""
+        elif speedup is not None and speedup >= 0.8 * paper:
+            compare = f"; in line with the paper's {paper}x"
+        elif speedup is not None and speedup > 1.05:
+            compare = f"; faster than GRPO, but short of the paper's {paper}x"
+        else:
+            compare = f"; this does not reproduce the paper's {paper}x"
+        reading.append(f"- {method} {verdict} (per seed: {spread_text}){compare}.")
+    final_gaps = {m: np.mean(info["final"]) - target for m, info in methods.items() if m != "GRPO"}
+    best = max(final_gaps, key=final_gaps.get)
+    reading.append(
+        f"- Final reward: {', '.join(f'{m} {g:+.3f}' for m, g in final_gaps.items())} against GRPO's {target:.3f} "
+        f"(mean of the last {SMOOTH} steps, {seeds} seeds; the seed standard deviations in the table are of the "
+        f"same order, so differences below them are not resolved by {seeds} seeds). Highest: {best}."
+    )
+    grad_ratios = {m: info["mean"]["grad"].mean() / grpo_grad for m, info in methods.items() if m != "GRPO"}
+    higher = [m for m, r in grad_ratios.items() if r > 1.05]
+    reading.append(
+        "- Gradient norm: "
+        + ", ".join(f"{m} {r:.2f}x" for m, r in grad_ratios.items())
+        + " GRPO's mean over the run. "
+        + (
+            f"{' and '.join(higher)} raise it, as the D3S paper reports for D3S."
+            if higher
+            else "None raises it clearly, unlike the D3S paper's claim."
+        )
+        + " OpenRLHF logs the norm of a step's last optimizer step only, and the loss is a mean over the "
+        "kept tokens, so a higher norm means larger per-token advantages in the kept set (max-variance selection "
+        "keeps the extreme advantages), not a longer update."
+    )
+    grpo_mean = methods["GRPO"]["mean"]
+    untrained_share = float(grpo_mean["untrained"].sum() / grpo_mean["step_total"].sum())
+    reading.append(
+        f"- Wall clock: a GRPO step here takes {grpo_mean['step_total'].mean():.2f} s, of which generation and "
+        f"weight sync (untouched by D3S) are {100 * untrained_share:.0f}%; only the rest can shrink with "
+        "selection (section 1), so on this toy task the time axis understates what the step and token axes show. "
+        "With long responses on GPUs the trained part is a larger share of a step."
+    )
+    return [
+        "## 2. Learning efficiency on the built-in task",
+        "",
+        f"Command: `.venv/bin/python {document['command']}` · machine: {document['machine']} · date: "
+        f"{document['date']}.",
+        "",
+        "The demo's job (`python -m d3s_openrlhf.cli.demo`): a 2-layer Llama warm-started by SFT on integer "
+        "addition (held-out greedy accuracy after SFT "
+        f"{document['sft_heldout']['greedy']:.3f}), then 75 RL steps of 16 prompts x 16 rollouts, lr 2e-4. Every "
+        "method generates the same rollouts per step (same budget) and differs only in its `--d3s.*` flags: "
+        + "; ".join(
+            f"{m}: `{' '.join(flags) if flags else 'D3S off'}`" for m, flags in document["methods"].items()
+        )
+        + f". {seeds} seeds each (`--train.seed`). Reward is the exact-match reward of all generated rollouts "
+        f"(temperature 1); \"final\" is the mean of the last {SMOOTH} steps; training time is the sum of "
+        "OpenRLHF's per-step `timing/step_total` (generation + experience making + update + weight sync; Ray and "
+        "vLLM start-up excluded, equal for all). A method reaches GRPO's final reward at the first step where its "
+        f"seed-mean reward, as a {SMOOTH}-step trailing mean, is at least GRPO's final reward; speed-up = GRPO's "
+        "time (steps, tokens) to get there / the method's.",
+        "",
+        *rows,
+        "",
+        "![reward](results/learning_reward.png)",
+        "",
+        *grad_rows,
+        "",
+        "![grad norm](results/learning_grad_norm.png)",
+        "",
+        *reading,
+    ]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--results", default=str(HERE / "results"))
+    parser.add_argument("--output", default=str(HERE / "RESULTS.md"))
+    options = parser.parse_args(argv)
+    results = Path(options.results)
+    selection = json.loads((results / "selection.json").read_text())
+    cost = json.loads((results / "step_cost.json").read_text())
+    learning = json.loads((results / "learning.json").read_text())
+
+    target, methods = learning_analysis(learning)
+    plot_step_cost(cost["points"], results / "step_cost.png")
+    plot_learning(methods, target, results / "learning_reward.png", results / "learning_grad_norm.png")
+    document = [
+        "# Benchmarks: what D3S costs and saves",
+        "",
+        "Regenerate everything (about 45 minutes on 2 CPU cores): `bash benchmarks/run_all.sh`. Each section "
+        "names its own command, machine and date. CPU only: no GPU was available for these measurements.",
+        "",
+        *step_cost_section(cost),
+        "",
+        *learning_section(learning, target, methods),
+        "",
+        *selection_section(selection, cost, methods),
+        "",
+    ]
+    Path(options.output).write_text("\n".join(document))
+    print(f"wrote {options.output} and the plots in {results}")
+
+
+if __name__ == "__main__":
+    main()
