@@ -298,7 +298,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     # D3S_OPENRLHF_CPU=1: a loopback Ray head with the CPU adjustments in every worker (no-op otherwise)
     if cpu_runtime.requested():
         try:
-            cpu_runtime.check_gpu_demand(host_args)
+            cpu_runtime.check_gpu_demand(host_args or parse_host_args(host_argv))
         except ValueError as exc:
             print(f"{PROG}: error: {exc}", file=sys.stderr)
             raise SystemExit(2) from exc

@@ -36,7 +36,7 @@ WORKER_ENV_DEFAULTS = {
     ENV_FLAG: "1",
 }
 
-_state = {"active": False}
+_state = {"active": False, "num_gpus": None}  # num_gpus: of the head activate() started
 
 
 def requested():
@@ -69,10 +69,15 @@ def gpu_demand(args):
     return demand
 
 
-def check_gpu_demand(args, num_gpus=DEFAULT_FAKE_GPUS):
-    """Raise ``ValueError`` naming the flags when the run would wait forever for GPUs on the local CPU head."""
+def check_gpu_demand(args):
+    """Raise ``ValueError`` naming the flags when the run would wait forever for GPUs on the local CPU head
+    (the one :func:`activate` started, or will start; a cluster given by address is not checked)."""
+    if _state["active"]:
+        num_gpus = _state["num_gpus"]
+    else:
+        num_gpus = None if os.environ.get("RAY_ADDRESS") else DEFAULT_FAKE_GPUS
     demand = gpu_demand(args)
-    if demand is None or os.environ.get("RAY_ADDRESS") or sum(demand.values()) <= num_gpus:
+    if num_gpus is None or demand is None or sum(demand.values()) <= num_gpus:
         return
     parts = ", ".join(f"--{group}.num_nodes x --{group}.num_gpus_per_node = {n}" for group, n in demand.items())
     raise ValueError(
@@ -134,6 +139,7 @@ def activate(address=None, num_gpus=DEFAULT_FAKE_GPUS, num_cpus=None, object_sto
             runtime_env=runtime_env,
         )
     _state["active"] = True
+    _state["num_gpus"] = None if address else num_gpus
     atexit.register(shutdown)
 
     # openrlhf.cli.train_sft trains in this process: a one-rank torch.distributed world. Set after Ray

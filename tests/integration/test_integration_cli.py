@@ -294,12 +294,13 @@ def test_async_mode_validates_and_dry_runs(upstream_runs, capsys):
 REMOTE_REWARD = ["--reward.remote_url", "reward.py"]
 
 
-def test_cpu_runtime_refuses_a_run_that_would_wait_for_gpus(monkeypatch, capsys):
+@pytest.mark.parametrize("d3s", [["--d3s.preset", "d3s", "--d3s.n_final", "16"], []], ids=["d3s_on", "d3s_off"])
+def test_cpu_runtime_refuses_a_run_that_would_wait_for_gpus(d3s, monkeypatch, capsys):
     monkeypatch.setenv("D3S_OPENRLHF_CPU", "1")
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     # upstream's default --ref.num_gpus_per_node is 8: 2 actor + 8 reference GPUs > the runtime's 8
     with pytest.raises(SystemExit) as exit_info:
-        cli.main(["--d3s.preset", "d3s", "--d3s.n_final", "16", "--algo.kl.init_coef", "0.01", *REMOTE_REWARD, *HOST])
+        cli.main([*d3s, "--algo.kl.init_coef", "0.01", *REMOTE_REWARD, *HOST])
     assert exit_info.value.code == 2
     assert "--ref.num_nodes x --ref.num_gpus_per_node = 8" in capsys.readouterr().err
     assert not ray.is_initialized()
