@@ -18,6 +18,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 SMOOTH = 10  # steps of the trailing mean used for "reward reached" and for the final reward
+GAIN_FRACTIONS = (0.5, 0.75, 0.9, 1.0)  # of GRPO's reward gain over the run
 PAPER_SPEEDUP = {"D3S": 2.04, "PODS": 1.7}  # D3S: 2.04x faster than GRPO; PODS: >= 1.7x sooner to GRPO's peak
 COLORS = {"GRPO": "tab:gray", "PODS": "tab:orange", "D3S": "tab:blue", "D3S-I": "tab:green"}
 
@@ -88,12 +89,20 @@ def learning_analysis(document):
             hit = first_reach(trailing_mean(curve["reward"]), target)
             per_seed.append(None if hit is None else float(curve["wall"][hit]))
         info["reach_wall_per_seed"] = per_seed
+    # the same SFT model samples step 1 of every run: the common starting reward
+    start = float(np.mean([info["mean"]["reward"][0] for info in methods.values()]))
+    for info in methods.values():
+        smoothed = trailing_mean(info["mean"]["reward"])
+        info["gain_reach"] = {}
+        for fraction in GAIN_FRACTIONS:
+            hit = first_reach(smoothed, start + fraction * (target - start))
+            info["gain_reach"][fraction] = None if hit is None else (hit + 1, float(info["mean"]["wall"][hit]))
     grpo = methods["GRPO"]
     for info in methods.values():
         info["speedup_wall"] = _ratio(grpo["reach_wall"], info["reach_wall"])
         info["speedup_steps"] = _ratio(grpo["reach_step"], info["reach_step"])
         info["speedup_tokens"] = _ratio(grpo["reach_tokens"], info["reach_tokens"])
-    return target, methods
+    return target, start, methods
 
 
 def _ratio(numerator, denominator):
@@ -320,7 +329,7 @@ def selection_section(selection, cost, learning_methods):
     return lines
 
 
-def learning_section(document, target, methods):
+def learning_section(document, target, start, methods):
     seeds = len(next(iter(methods.values()))["seeds"])
     rows = [
         "| method | final reward | held-out greedy | held-out sampled | PG tokens (total) | training time | "
@@ -348,6 +357,32 @@ def learning_section(document, target, methods):
         ]
         rows.append("| " + " | ".join(cells) + " |")
 
+    gain_rows = [
+        "| method | " + " | ".join(f"{100 * f:.0f}% of GRPO's gain" for f in GAIN_FRACTIONS) + " |",
+        "|:---|" + "---:|" * len(GAIN_FRACTIONS),
+    ]
+    for method, info in methods.items():
+        cells = []
+        for fraction in GAIN_FRACTIONS:
+            reached, base = info["gain_reach"][fraction], methods["GRPO"]["gain_reach"][fraction]
+            if reached is None:
+                cells.append("not reached")
+            else:
+                speedup = f", {base[1] / reached[1]:.2f}x" if base is not None and method != "GRPO" else ""
+                cells.append(f"step {reached[0]}, {reached[1]:.0f} s{speedup}")
+        gain_rows.append(f"| {method} | " + " | ".join(cells) + " |")
+
+    parts = ("timing/generation", "timing/make_experience", "timing/ppo_train", "timing/broadcast", "timing/step_total")
+    timing_rows = [
+        "| method | kept rollouts | generation | experience making | actor update | weight sync | whole step |",
+        "|:---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for method, runs in document["results"].items():
+        steps = [step for run in runs.values() for step in run["steps"]]
+        kept = statistics.mean(step.get("d3s/kept_rollouts", step["rollout/num_samples"]) for step in steps)
+        means = [statistics.mean(step[key] for step in steps) for key in parts]
+        timing_rows.append(f"| {method} | {kept:.0f} | " + " | ".join(f"{value:.3f} s" for value in means) + " |")
+
     grad_rows = ["| method | grad norm, steps 1-25 | steps 26-50 | steps 51-75 |", "|:---|---:|---:|---:|"]
     for method, info in methods.items():
         grad = info["mean"]["grad"]
@@ -369,8 +404,12 @@ def learning_section(document, target, methods):
                 f"reached GRPO's final reward {speedup:.2f}x as fast in training time ({info['speedup_steps']:.2f}x "
                 f"in steps, {info['speedup_tokens']:.2f}x in policy-gradient tokens)"
             )
-        spread = [t for t in info["reach_wall_per_seed"]]
-        spread_text = ", ".join("-" if t is None else f"{t:.0f} s" for t in spread)
+        spread = info["reach_wall_per_seed"]
+        spread_text = (
+            " (per seed, time to reach it: " + ", ".join("-" if t is None else f"{t:.0f} s" for t in spread) + ")"
+            if any(t is not None for t in spread)
+            else ""
+        )
         if paper is None:
             compare = ""
         elif speedup is not None and speedup >= 0.8 * paper:
@@ -379,13 +418,30 @@ def learning_section(document, target, methods):
             compare = f"; faster than GRPO, but short of the paper's {paper}x"
         else:
             compare = f"; this does not reproduce the paper's {paper}x"
-        reading.append(f"- {method} {verdict} (per seed: {spread_text}){compare}.")
-    final_gaps = {m: np.mean(info["final"]) - target for m, info in methods.items() if m != "GRPO"}
-    best = max(final_gaps, key=final_gaps.get)
+        shares = []
+        for fraction in GAIN_FRACTIONS:
+            reached, base = info["gain_reach"][fraction], methods["GRPO"]["gain_reach"][fraction]
+            shares.append("-" if reached is None or base is None else f"{base[1] / reached[1]:.2f}x")
+        reading.append(
+            f"- {method} {verdict}{spread_text}{compare}. Time speed-up at "
+            + "/".join(f"{100 * f:.0f}" for f in GAIN_FRACTIONS)
+            + f"% of GRPO's gain: {' / '.join(shares)}."
+        )
+    def standard_error(values):
+        return statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else float("nan")
+
+    gaps = []
+    for method, info in methods.items():
+        if method == "GRPO":
+            continue
+        gap = float(np.mean(info["final"])) - target
+        error = (standard_error(info["final"]) ** 2 + standard_error(methods["GRPO"]["final"]) ** 2) ** 0.5
+        gaps.append(f"{method} {gap:+.3f} ({gap / error:+.1f} standard errors)")
+    best = max(methods, key=lambda m: np.mean(methods[m]["final"]))
     reading.append(
-        f"- Final reward: {', '.join(f'{m} {g:+.3f}' for m, g in final_gaps.items())} against GRPO's {target:.3f} "
-        f"(mean of the last {SMOOTH} steps, {seeds} seeds; the seed standard deviations in the table are of the "
-        f"same order, so differences below them are not resolved by {seeds} seeds). Highest: {best}."
+        f"- Final reward against GRPO's {target:.3f} (mean of the last {SMOOTH} steps, {seeds} seeds): "
+        f"{', '.join(gaps)}; best: {best}. Differences within about 2 standard errors are not resolved by "
+        f"{seeds} seeds."
     )
     grad_ratios = {m: info["mean"]["grad"].mean() / grpo_grad for m, info in methods.items() if m != "GRPO"}
     higher = [m for m, r in grad_ratios.items() if r > 1.05]
@@ -398,17 +454,25 @@ def learning_section(document, target, methods):
             if higher
             else "None raises it clearly, unlike the D3S paper's claim."
         )
-        + " OpenRLHF logs the norm of a step's last optimizer step only, and the loss is a mean over the "
-        "kept tokens, so a higher norm means larger per-token advantages in the kept set (max-variance selection "
-        "keeps the extreme advantages), not a longer update."
+        + " What is kept explains a rise: max-variance selection keeps the rollouts with the largest |advantage|, "
+        "the token mask the tokens with the largest |A|*H, and the loss is a mean over the kept tokens, so each "
+        "carries a larger gradient. (OpenRLHF logs the norm of a step's last optimizer step only.)"
     )
     grpo_mean = methods["GRPO"]["mean"]
     untrained_share = float(grpo_mean["untrained"].sum() / grpo_mean["step_total"].sum())
+    step_means = ", ".join(f"{m} {info['mean']['step_total'].mean():.2f} s" for m, info in methods.items())
     reading.append(
         f"- Wall clock: a GRPO step here takes {grpo_mean['step_total'].mean():.2f} s, of which generation and "
         f"weight sync (untouched by D3S) are {100 * untrained_share:.0f}%; only the rest can shrink with "
-        "selection (section 1), so on this toy task the time axis understates what the step and token axes show. "
-        "With long responses on GPUs the trained part is a larger share of a step."
+        f"selection (section 1). Mean step: {step_means}. With a 2-layer model and responses of <= 4 tokens the "
+        "trained part of a step is small; with long responses on GPUs it is a larger share (section 1)."
+    )
+    reading.append(
+        "- How this setting differs from the papers': a 2-layer model from a 0.6-accurate SFT start, responses "
+        "of <= 4 tokens (the token mask chooses among 1-4 tokens of a rollout), 75 steps, G = 16 and the same "
+        "rollouts per step for every method. The papers measure time to accuracy on GPUs with long "
+        "chain-of-thought responses; PODS's gain comes from generating more rollouts (n = 64) than it trains "
+        "(m = 16), which an equal rollout budget per step does not give it here."
     )
     return [
         "## 2. Learning efficiency on the built-in task",
@@ -432,7 +496,17 @@ def learning_section(document, target, methods):
         "",
         *rows,
         "",
+        f"Time (seed-mean curve, {SMOOTH}-step trailing mean) to reach a share of GRPO's gain from the common "
+        f"starting reward {start:.3f} (step 1 samples the SFT model) to its final reward {target:.3f}; speed-up "
+        "against GRPO's time for the same share:",
+        "",
+        *gain_rows,
+        "",
         "![reward](results/learning_reward.png)",
+        "",
+        "Mean per step over all steps and seeds (OpenRLHF's timings):",
+        "",
+        *timing_rows,
         "",
         *grad_rows,
         "",
@@ -440,6 +514,34 @@ def learning_section(document, target, methods):
         "",
         *reading,
     ]
+
+
+def summary(cost, target, methods):
+    """The headline numbers of the three sections."""
+    base = cost["points"][0]
+    smallest = min(cost["points"][1:], key=lambda p: (p["kept_rollouts"], p["k"]))
+    lines = [
+        "**Summary.**",
+        f"- Step cost ({smallest['label']}, section 1): experience making "
+        f"{smallest['timing/make_experience'] / base['timing/make_experience']:.2f}, actor update "
+        f"{smallest['timing/ppo_train'] / base['timing/ppo_train']:.2f}, whole step "
+        f"{smallest['timing/step_total'] / base['timing/step_total']:.2f} of GRPO's time for "
+        f"{smallest['kept_rollouts'] / base['kept_rollouts']:.2f} of its rollouts.",
+    ]
+    grpo_tokens = methods["GRPO"]["mean"]["tokens"][-1]
+    for method, info in methods.items():
+        if method == "GRPO":
+            continue
+        final = float(np.mean(info["final"]))
+        reached = "reached" if info["reach_wall"] is not None else "did not reach"
+        lines.append(
+            f"- {method} (section 2): {reached} GRPO's final reward {target:.3f} in 75 steps (final {final:.3f}), "
+            f"with {info['mean']['tokens'][-1] / grpo_tokens:.2f} of GRPO's policy-gradient tokens and "
+            f"{info['mean']['grad'].mean() / methods['GRPO']['mean']['grad'].mean():.2f}x its gradient norm."
+        )
+    shares = [p["select_time_s"] / p["timing/step_total"] for p in cost["points"][1:]]
+    lines.append(f"- Selection (section 3): at most {100 * max(shares):.2f}% of a step in the step-cost runs.")
+    return lines
 
 
 def main(argv=None):
@@ -452,7 +554,7 @@ def main(argv=None):
     cost = json.loads((results / "step_cost.json").read_text())
     learning = json.loads((results / "learning.json").read_text())
 
-    target, methods = learning_analysis(learning)
+    target, start, methods = learning_analysis(learning)
     plot_step_cost(cost["points"], results / "step_cost.png")
     plot_learning(methods, target, results / "learning_reward.png", results / "learning_grad_norm.png")
     document = [
@@ -461,9 +563,11 @@ def main(argv=None):
         "Regenerate everything (about 45 minutes on 2 CPU cores): `bash benchmarks/run_all.sh`. Each section "
         "names its own command, machine and date. CPU only: no GPU was available for these measurements.",
         "",
+        *summary(cost, target, methods),
+        "",
         *step_cost_section(cost),
         "",
-        *learning_section(learning, target, methods),
+        *learning_section(learning, target, start, methods),
         "",
         *selection_section(selection, cost, methods),
         "",
