@@ -6,8 +6,7 @@ What runs here (inside each actor Ray worker):
   ``forward(..., return_entropy=True)`` returns ``(action_log_probs, entropy)`` (both (B, A), on CPU) from the
   same single no-grad forward; the entropy is ``core.entropy_from_logits`` over the action positions only and is
   zero on padding, like the log-probs. The logits never leave the worker.
-  ``init_model_from_pretrained`` shortens the LR-scheduler horizon to the number of optimizer steps that the kept
-  rollouts really make (see ``scaled_max_steps``) and builds ``D3SActorPPOTrainer`` instead of upstream's trainer.
+  ``init_model_from_pretrained`` builds ``D3SActorPPOTrainer`` instead of upstream's trainer.
 * ``D3SActorPPOTrainer``: takes ``experience.info["d3s_pg_mask"]`` (the token mask of the experience maker) out of
   each training micro-batch and hands it, with the matching normalisers, to ``D3SPolicyLoss`` for that step.
 * ``D3SPolicyLoss``: upstream's ``PolicyLoss`` restricted to the kept tokens.
@@ -55,13 +54,7 @@ from openrlhf.utils.loss_utils import (
     get_loss_batch_info,
 )
 
-from d3s_openrlhf.core.config import D3SConfig
 from d3s_openrlhf.core.entropy import entropy_from_logits
-from d3s_openrlhf.integration.experience_maker import (
-    config_from_args,
-    kept_count_unit,
-    kept_rollout_count,
-)
 from d3s_openrlhf.integration.seams import swapped_globals
 
 PG_MASK_KEY = "d3s_pg_mask"
@@ -71,48 +64,6 @@ _PG_NORM_ATTR = "d3s_pg_loss_norm"
 """Attribute that the window iterator sets on each training micro-batch: its window's kept-token normalisers."""
 
 _NORM_KEYS = ("batch_num_tokens", "global_batch_size")
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# configuration and the LR-scheduler horizon
-
-
-def rollout_steps(args, max_steps: int) -> int:
-    """Number of rollout (train_step) steps of the run, from upstream's LR horizon ``max_steps``.
-
-    Upstream: max_steps = len(prompts) * G // train.batch_size * num_episodes * max_epochs, i.e. max_epochs *
-    (B * G / train.batch_size) optimizer steps per rollout step of B prompts. Inverted, rounding up like the
-    driver's ceil(len(prompts) / B) * num_episodes: R = ceil(max_steps * train.batch_size / (B * G * max_epochs)).
-    Exact when len(prompts) is a multiple of B.
-    """
-    per_step = args.rollout.batch_size * args.rollout.n_samples_per_prompt * args.train.max_epochs
-    return -(-max_steps * args.train.batch_size // per_step)
-
-
-def kept_rollouts(args, cfg: D3SConfig, step: int, run_steps: int) -> int:
-    """Rollouts kept at rollout step ``step`` (0-based) of a run of ``run_steps`` steps (both scopes): the same
-    count the driver's experience maker keeps (``kept_rollout_count``)."""
-    n, _ = cfg.schedule_for(run_steps).at(step)
-    return kept_rollout_count(n, args.rollout.batch_size, args.rollout.n_samples_per_prompt, kept_count_unit(args))
-
-
-def scaled_max_steps(args, cfg: D3SConfig, max_steps: int) -> int:
-    """The LR-scheduler horizon when only the kept rollouts are trained.
-
-    Every rollout step s trains kept(s) samples in ``kept(s) / train.batch_size`` optimizer steps per epoch
-    (kept(s) is a multiple of train.batch_size), so over the R = ``rollout_steps(args, max_steps)`` steps:
-
-        max_steps' = max_epochs * sum_{s=0}^{R-1} kept(s) / train.batch_size
-                   = max_steps * mean_s kept(s) / (B * G)      (when upstream's max_steps is exactly R steps' worth)
-
-    kept(s) = ``kept_rollouts(args, cfg, s, R)``; the result is capped at max_steps (kept(s) <= B * G; the cap only
-    acts when R was rounded up). Without sample selection, or with max_steps = 0, max_steps is unchanged.
-    """
-    if not cfg.samples_enabled or max_steps <= 0:
-        return max_steps
-    run_steps = rollout_steps(args, max_steps)
-    kept_total = sum(kept_rollouts(args, cfg, step, run_steps) for step in range(run_steps))
-    return min(max_steps, args.train.max_epochs * kept_total // args.train.batch_size)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -383,21 +334,13 @@ class _EntropyTap:
 
 @ray.remote(num_gpus=1)
 class D3SPolicyModelActor(ppo_actor.PolicyModelActor.__ray_actor_class__):
-    """OpenRLHF's policy actor with the D3S trainer, the entropy forward and the rescaled LR horizon."""
+    """OpenRLHF's policy actor with the D3S trainer and the entropy forward. Its LR-scheduler horizon
+    ``max_steps`` already counts the kept rollouts only (the D3S trainers' ``get_max_steps``)."""
 
     def init_model_from_pretrained(self, strategy, pretrain, max_steps=None, vllm_engines=None):
-        cfg = config_from_args(strategy.args)
-        upstream_max_steps = max_steps
-        if cfg is not None and max_steps is not None:
-            max_steps = scaled_max_steps(strategy.args, cfg, max_steps)
         upstream = super().init_model_from_pretrained
         with swapped_globals(upstream.__func__, ActorPPOTrainer=D3SActorPPOTrainer):
             upstream(strategy, pretrain, max_steps, vllm_engines)
-        if max_steps != upstream_max_steps:
-            strategy.print(
-                f"[d3s] LR-scheduler horizon: {max_steps} optimizer steps for the kept rollouts "
-                f"(upstream: {upstream_max_steps} for all of them)"
-            )
 
     def forward(
         self,

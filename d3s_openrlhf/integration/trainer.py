@@ -14,6 +14,10 @@ Every training step (``train_step``, shared by both modes through ``D3STrainerMi
 * The rollout statistics (``rollout/*``) still describe all generated rollouts, not only the kept ones.
 * ``kl_ctl.update`` receives the number of rollouts actually trained instead of the nominal B*G.
 
+``get_max_steps`` (what ``openrlhf.cli.train_ppo_ray`` builds the actors' LR scheduler with) counts the optimizer
+steps of the kept rollouts over the run's exact rollout steps (``scaled_max_steps``), so the LR schedule still
+ends with training.
+
 The async trainer builds its ``TrainingActor`` and ``GenerateSamplesActor`` inside ``PPOTrainerAsync.__init__``
 from module globals of ``openrlhf.trainer.ppo_trainer_async``; ``D3SPPOTrainerAsync`` points those two globals
 at the D3S subclasses for the duration of that constructor (in its own Ray worker process) and restores them.
@@ -32,9 +36,12 @@ from openrlhf.trainer.ppo_trainer_async import (
     TrainingActor,
 )
 
+from d3s_openrlhf.core.config import D3SConfig
 from d3s_openrlhf.integration.experience_maker import (
     D3SExperienceMaker,
     config_from_args,
+    kept_count_unit,
+    kept_rollout_count,
 )
 from d3s_openrlhf.integration.seams import swapped_globals
 
@@ -46,6 +53,27 @@ def rollout_steps(num_prompts: int, args) -> int:
     consume more prompts, so the run has fewer steps than this (set ``--d3s.schedule_steps`` then).
     """
     return max(1, math.ceil(num_prompts / args.rollout.batch_size) * args.train.num_episodes)
+
+
+def scaled_max_steps(args, cfg: D3SConfig, max_steps: int, run_steps: int) -> int:
+    """The LR-scheduler horizon when only the kept rollouts are trained (what the actors are built with).
+
+    Rollout step s trains kept(s) samples in ``kept(s) / train.batch_size`` optimizer steps per epoch (kept(s) is a
+    multiple of train.batch_size), so over the ``run_steps`` = R rollout steps of the run:
+
+        max_steps' = max_epochs * sum_{s=0}^{R-1} kept(s) / train.batch_size
+
+    with kept(s) the experience maker's count at (N, K) = the schedule at step s. Capped at upstream's
+    ``max_steps`` (which counts all B*G rollouts of every step, partial last batches by their size); unchanged
+    without sample selection or with ``max_steps`` <= 0.
+    """
+    if not cfg.samples_enabled or max_steps <= 0:
+        return max_steps
+    schedule = cfg.schedule_for(run_steps)
+    unit = kept_count_unit(args)
+    batch, group = args.rollout.batch_size, args.rollout.n_samples_per_prompt
+    kept_total = sum(kept_rollout_count(schedule.at(step)[0], batch, group, unit) for step in range(run_steps))
+    return min(max_steps, args.train.max_epochs * kept_total // args.train.batch_size)
 
 
 class _KeptCountKLController:
@@ -126,6 +154,10 @@ class _D3SPPOTrainer(D3STrainerMixin, PPOTrainer.__ray_actor_class__):
         super().__init__(*args, **kwargs)
         self.set_d3s_rollout_steps(rollout_steps(len(self.prompts_dataloader), self.args))
 
+    def get_max_steps(self):
+        # the LR-scheduler horizon openrlhf.cli.train_ppo_ray builds the actors with
+        return scaled_max_steps(self.args, self.d3s, super().get_max_steps(), self.d3s_rollout_steps)
+
 
 class _D3STrainingActor(D3STrainerMixin, TrainingActor.__ray_actor_class__):
     """Async training actor: the horizon is set by ``D3SPPOTrainerAsync`` from the generator actor."""
@@ -142,6 +174,11 @@ class _D3SGenerateSamplesActor(GenerateSamplesActor.__ray_actor_class__):
 
     def d3s_rollout_steps(self) -> int:
         return rollout_steps(len(self.prompts_dataloader), self.args)
+
+    def get_max_steps(self):
+        # PPOTrainerAsync.get_max_steps asks this actor for the LR-scheduler horizon of the actors
+        config = config_from_args(self.args)
+        return scaled_max_steps(self.args, config, super().get_max_steps(), self.d3s_rollout_steps())
 
 
 D3SPPOTrainer = _remote_like(PPOTrainer, _D3SPPOTrainer)

@@ -1,4 +1,4 @@
-"""D3SPolicyLoss, the window normalisers and the LR horizon, against OpenRLHF 0.11's real loss pieces.
+"""D3SPolicyLoss and the window normalisers, against OpenRLHF 0.11's real loss pieces.
 
 Everything here calls the real ``openrlhf.models.PolicyLoss`` / ``aggregate_loss`` (through D3SPolicyLoss's
 ``super().forward``) and the real ``openrlhf.utils.loss_utils`` window code; nothing is mocked.
@@ -21,10 +21,7 @@ from d3s_openrlhf.integration.actor import (
     PG_MASK_KEY,
     D3SPolicyLoss,
     experience_pg_mask,
-    kept_rollouts,
     pg_mask_from_rows,
-    rollout_steps,
-    scaled_max_steps,
     with_pg_window_norms,
 )
 from d3s_openrlhf.integration.experience_maker import config_from_args
@@ -362,53 +359,7 @@ def test_selection_is_scoped_and_validated():
 
 
 # --------------------------------------------------------------------------------------------------------------
-# (g) the LR-scheduler horizon
-
-
-def host_args(**overrides):
-    args = SimpleNamespace(
-        rollout=SimpleNamespace(batch_size=4, n_samples_per_prompt=8, micro_batch_size=1),
-        train=SimpleNamespace(batch_size=8, max_epochs=2, dynamic_batch_enable=False),
-        actor=SimpleNamespace(num_nodes=1, num_gpus_per_node=2),
-        ds=SimpleNamespace(ring_attn_size=1, tensor_parallel_size=1),
-    )
-    for key, value in overrides.items():
-        group, name = key.split("__")
-        setattr(getattr(args, group), name, value)
-    return args
-
-
-def test_max_steps_is_the_optimizer_steps_of_the_kept_rollouts():
-    args = host_args()
-    # upstream: 4 rollout steps x (4 prompts x 8 samples / 8 per optimizer step) x 2 epochs
-    max_steps = 4 * (4 * 8 // 8) * 2
-    assert rollout_steps(args, max_steps) == 4
-    assert rollout_steps(args, max_steps - 3) == 4  # a partial last rollout step counts (driver: ceil(P / B))
-    cfg = D3SConfig(sample_rule="max_var", n_init=2, n_final=6, schedule="linear")
-    # N over the 4 steps: 2, 3, 4, 5 -> N * B = 8, 12, 16, 20 -> multiples of lcm(8, 1 * 2) = 8: 8, 16, 16, 24
-    assert [kept_rollouts(args, cfg, s, 4) for s in range(4)] == [8, 16, 16, 24]
-    # 2 epochs x (8 + 16 + 16 + 24) / 8 = 16 optimizer steps
-    assert scaled_max_steps(args, cfg, max_steps) == 16
-
-
-def test_max_steps_uses_schedule_steps_and_the_dynamic_batch_unit():
-    args = host_args(train__dynamic_batch_enable=True, actor__num_gpus_per_node=4)
-    max_steps = 4 * 4 * 2
-    # schedule over 2 steps: N = 2, 4, then 6, 6 (p clipped at 1); unit lcm(8, 4) = 8: 8, 16, 24, 24
-    cfg = D3SConfig(sample_rule="max_var", n_init=2, n_final=6, schedule="linear", schedule_steps=2)
-    assert scaled_max_steps(args, cfg, max_steps) == 2 * (8 + 16 + 24 + 24) // 8
-
-
-def test_max_steps_with_a_constant_fraction_and_without_sample_selection():
-    args = host_args(rollout__n_samples_per_prompt=16, train__batch_size=16)
-    max_steps = 10 * (4 * 16 // 16) * 2
-    pods = D3SConfig.from_flags({"preset": "pods", "n_init": 4, "n_final": 4})  # keeps 4 of 16 = 1/4 each step
-    assert scaled_max_steps(args, pods, max_steps) == max_steps // 4
-    tokens_only = D3SConfig(sample_rule="none", k_init=0.1, k_final=0.3)
-    assert scaled_max_steps(args, tokens_only, max_steps) == max_steps
-    # less than one rollout step's worth: R rounds up to 1 step, the result never exceeds upstream's horizon
-    assert rollout_steps(args, 1) == 1 and scaled_max_steps(args, pods, 1) == 1
-    assert scaled_max_steps(args, pods, 0) == 0
+# (g) the D3S config in the host args
 
 
 def test_d3s_config_is_read_from_a_config_dict_or_namespace():

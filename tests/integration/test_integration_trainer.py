@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+from types import SimpleNamespace
 
 import pytest
 import ray
@@ -17,13 +18,14 @@ from openrlhf.utils import get_strategy
 
 from d3s_openrlhf.cli.train_ppo_ray import parse_host_args
 from d3s_openrlhf.core.config import D3SConfig
-from d3s_openrlhf.integration.experience_maker import config_namespace
+from d3s_openrlhf.integration.experience_maker import config_from_args, config_namespace
 from d3s_openrlhf.integration.actor import D3SPolicyModelActor
 from d3s_openrlhf.integration.trainer import (
     D3SGenerateSamplesActor,
     D3SPPOTrainer,
     D3SPPOTrainerAsync,
     D3STrainingActor,
+    scaled_max_steps,
 )
 
 
@@ -141,7 +143,11 @@ def test_sync_trainer_builds_the_d3s_experience_maker_and_horizon(run_files):
     assert ray.get(trainer.__ray_call__.remote(_super_checker())) == []
     assert (name, maker) == ("_D3SPPOTrainer", "D3SExperienceMaker")
     assert steps == 6  # ceil(10 prompts / 4) rollout steps per episode, 2 episodes
-    assert ray.get(trainer.get_max_steps.remote()) == 20  # upstream's LR horizon is untouched here
+    # the actors' LR horizon: upstream's 10 prompts x 4 / 4 x 2 episodes = 20, rescaled to the kept rollouts
+    strategy = _strategy(model, prompts)
+    expected = scaled_max_steps(strategy.args, config_from_args(strategy.args), 20, 6)
+    assert expected < 20
+    assert ray.get(trainer.get_max_steps.remote()) == expected
     ray.kill(trainer)
 
 
@@ -171,6 +177,61 @@ def test_async_trainer_builds_d3s_generator_and_training_actors(run_files):
     training, steps, globals_now = ray.get(trainer.__ray_call__.remote(inside))
     assert training == ("_D3STrainingActor", "D3SExperienceMaker", 6)
     assert steps == 6
+    # PPOTrainerAsync.get_max_steps asks the generator actor: the same rescaled horizon as the sync trainer
+    assert ray.get(trainer.get_max_steps.remote()) == scaled_max_steps(
+        strategy.args, config_from_args(strategy.args), 20, 6
+    )
     # In the wrapper's worker the module globals were swapped only for the duration of its constructor.
     assert globals_now == ("TrainingActor", "GenerateSamplesActor")
     ray.kill(trainer)
+
+
+# ── the LR-scheduler horizon (get_max_steps) ──
+
+
+def horizon_args(**overrides):
+    args = SimpleNamespace(
+        rollout=SimpleNamespace(batch_size=4, n_samples_per_prompt=8, micro_batch_size=1),
+        train=SimpleNamespace(batch_size=8, max_epochs=2, dynamic_batch_enable=False),
+        actor=SimpleNamespace(num_nodes=1, num_gpus_per_node=2),
+        ds=SimpleNamespace(ring_attn_size=1, tensor_parallel_size=1),
+    )
+    for key, value in overrides.items():
+        group, name = key.split("__")
+        setattr(getattr(args, group), name, value)
+    return args
+
+
+def test_max_steps_is_the_optimizer_steps_of_the_kept_rollouts():
+    args = horizon_args()
+    # upstream: 4 rollout steps x (4 prompts x 8 samples / 8 per optimizer step) x 2 epochs
+    max_steps = 4 * (4 * 8 // 8) * 2
+    cfg = D3SConfig(sample_rule="max_var", n_init=2, n_final=6, schedule="linear")
+    # N over the 4 steps: 2, 3, 4, 5 -> N * B = 8, 12, 16, 20 -> multiples of lcm(8, 1 * 2) = 8: 8, 16, 16, 24;
+    # 2 epochs x (8 + 16 + 16 + 24) / 8 = 16 optimizer steps
+    assert scaled_max_steps(args, cfg, max_steps, 4) == 16
+    # the exact step count matters: 10 prompts, B = 4, 3 episodes = 9 rollout steps (partial batches included),
+    # while upstream's horizon floor(10 * 8 / 8) * 3 * 2 = 60 corresponds to 7.5 full ones
+    schedule = cfg.schedule_for(9)
+    kept = [max(8, -(-schedule.at(step)[0] * 4 // 8) * 8) for step in range(9)]
+    assert scaled_max_steps(args, cfg, 60, 9) == min(60, 2 * sum(kept) // 8)
+
+
+def test_max_steps_uses_schedule_steps_and_the_dynamic_batch_unit():
+    args = horizon_args(train__dynamic_batch_enable=True, actor__num_gpus_per_node=4)
+    max_steps = 4 * 4 * 2
+    # schedule over 2 steps: N = 2, 4, then 6, 6 (p clipped at 1); unit lcm(8, 4) = 8: 8, 16, 24, 24
+    cfg = D3SConfig(sample_rule="max_var", n_init=2, n_final=6, schedule="linear", schedule_steps=2)
+    assert scaled_max_steps(args, cfg, max_steps, 4) == 2 * (8 + 16 + 24 + 24) // 8
+
+
+def test_max_steps_with_a_constant_fraction_and_without_sample_selection():
+    args = horizon_args(rollout__n_samples_per_prompt=16, train__batch_size=16)
+    max_steps = 10 * (4 * 16 // 16) * 2
+    pods = D3SConfig.from_flags({"preset": "pods", "n_init": 4, "n_final": 4})  # keeps 4 of 16 = 1/4 each step
+    assert scaled_max_steps(args, pods, max_steps, 10) == max_steps // 4
+    tokens_only = D3SConfig(sample_rule="none", k_init=0.1, k_final=0.3)
+    assert scaled_max_steps(args, tokens_only, max_steps, 10) == max_steps
+    # never above upstream's horizon, and 0 stays 0
+    assert scaled_max_steps(args, pods, 1, 10) == 1
+    assert scaled_max_steps(args, pods, 0, 10) == 0
