@@ -483,7 +483,8 @@ def learning_section(document, target, start, methods):
         "The demo's job (`python -m d3s_openrlhf.cli.demo`): a 2-layer Llama warm-started by SFT on integer "
         "addition (held-out greedy accuracy after SFT "
         f"{document['sft_heldout']['greedy']:.3f}), then 75 RL steps of 16 prompts x 16 rollouts, lr 2e-4. Every "
-        "method generates the same rollouts per step (same budget) and differs only in its `--d3s.*` flags: "
+        "method generates the same number of rollouts per step (the same rollout budget) and differs only in its "
+        "`--d3s.*` flags: "
         + "; ".join(
             f"{m}: `{' '.join(flags) if flags else 'D3S off'}`" for m, flags in document["methods"].items()
         )
