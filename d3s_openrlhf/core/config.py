@@ -34,84 +34,42 @@ FLAG_PREFIX = "d3s."
 _FIXED_N = 20  # mean of the D3S linear schedule 8 -> 32 (our choice, see the module docstring)
 _FIXED_K = 0.125  # mean of the D3S linear schedule 0.05 -> 0.20
 
+# Presets are built from shared parts, so that each one differs from its neighbour only where the paper's does.
+_MAX_VAR = dict(sample_rule="max_var", advantage_mode="group")
+_NO_TOKENS = dict(k_init=1.0, k_final=1.0)
+_FIXED_SAMPLES = dict(n_init=_FIXED_N, n_final=_FIXED_N, schedule="constant")
+_D1S = dict(sample_scope="intra", **_MAX_VAR, **_FIXED_SAMPLES, **_NO_TOKENS)
+_D3S = dict(
+    sample_scope="cross",
+    **_MAX_VAR,
+    n_init=8,
+    n_final=32,
+    k_init=0.05,
+    k_final=0.20,
+    schedule="linear",
+    token_scope="batch",
+)
+
 PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
     {
-        "grpo": MappingProxyType(dict(sample_rule="none", k_init=1.0, k_final=1.0)),
-        "pods": MappingProxyType(
-            dict(
+        name: MappingProxyType(fields)
+        for name, fields in {
+            "grpo": dict(sample_rule="none", **_NO_TOKENS),
+            "pods": dict(
                 sample_scope="intra",
                 sample_rule="max_var",
                 advantage_mode="subset",
                 n_init=16,
                 n_final=16,
-                k_init=1.0,
-                k_final=1.0,
                 schedule="constant",
-            )
-        ),
-        "d1s": MappingProxyType(
-            dict(
-                sample_scope="intra",
-                sample_rule="max_var",
-                advantage_mode="group",
-                n_init=_FIXED_N,
-                n_final=_FIXED_N,
-                k_init=1.0,
-                k_final=1.0,
-                schedule="constant",
-            )
-        ),
-        "d1s-cross": MappingProxyType(
-            dict(
-                sample_scope="cross",
-                sample_rule="max_var",
-                advantage_mode="group",
-                n_init=_FIXED_N,
-                n_final=_FIXED_N,
-                k_init=1.0,
-                k_final=1.0,
-                schedule="constant",
-            )
-        ),
-        "d2s": MappingProxyType(
-            dict(
-                sample_scope="cross",
-                sample_rule="max_var",
-                advantage_mode="group",
-                n_init=_FIXED_N,
-                n_final=_FIXED_N,
-                k_init=_FIXED_K,
-                k_final=_FIXED_K,
-                schedule="constant",
-                token_scope="batch",
-            )
-        ),
-        "d3s": MappingProxyType(
-            dict(
-                sample_scope="cross",
-                sample_rule="max_var",
-                advantage_mode="group",
-                n_init=8,
-                n_final=32,
-                k_init=0.05,
-                k_final=0.20,
-                schedule="linear",
-                token_scope="batch",
-            )
-        ),
-        "d3s-i": MappingProxyType(
-            dict(
-                sample_scope="intra",
-                sample_rule="max_var",
-                advantage_mode="group",
-                n_init=8,
-                n_final=32,
-                k_init=0.05,
-                k_final=0.20,
-                schedule="linear",
-                token_scope="batch",
-            )
-        ),
+                **_NO_TOKENS,
+            ),
+            "d1s": _D1S,
+            "d1s-cross": {**_D1S, "sample_scope": "cross"},
+            "d2s": {**_D1S, "sample_scope": "cross", "k_init": _FIXED_K, "k_final": _FIXED_K, "token_scope": "batch"},
+            "d3s": _D3S,
+            "d3s-i": {**_D3S, "sample_scope": "intra"},
+        }.items()
     }
 )
 
