@@ -13,6 +13,7 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pytest
 
@@ -66,6 +67,13 @@ def leftover_processes(run_id, grace_s=20.0):
         except OSError:
             continue
     return names
+
+
+@pytest.fixture
+def run_processes():
+    """``.marker`` (the environment variable that tags a run's processes), ``.alive(run_id)`` (their PIDs) and
+    ``.leftover(run_id, grace_s)`` (those still alive after the grace period, killed and named)."""
+    return SimpleNamespace(marker=MARKER, alive=marked_processes, leftover=leftover_processes)
 
 
 @dataclass

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 import uuid
 
 import pytest
@@ -48,29 +47,6 @@ PROBE_MODULE = textwrap.dedent(
 )
 
 
-def marked(run_id):
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as f:
-                    if f"D3S_E2E_RUN={run_id}".encode() in f.read().split(b"\0"):
-                        pids.append(int(entry))
-            except OSError:
-                pass
-    return pids
-
-
-def wait_gone(run_id, timeout=30):
-    deadline = time.time() + timeout
-    while time.time() < deadline and marked(run_id):
-        time.sleep(0.5)
-    left = marked(run_id)
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
-    return left
-
-
 def listening_addresses(pids):
     """Local addresses of the TCP listening sockets owned by ``pids`` (from ``ss -ltnp``)."""
     output = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout
@@ -81,10 +57,10 @@ def listening_addresses(pids):
     return addresses
 
 
-def start(tmp_path, mode):
+def start(tmp_path, mode, marker):
     (tmp_path / "d3s_probe_module.py").write_text(PROBE_MODULE)
     run_id = uuid.uuid4().hex
-    env = dict(os.environ, D3S_E2E_RUN=run_id, PYTHONPATH=str(tmp_path))
+    env = dict(os.environ, **{marker: run_id}, PYTHONPATH=str(tmp_path))
     env.pop("RAY_ADDRESS", None)
     process = subprocess.Popen(
         [sys.executable, "-m", "d3s_openrlhf.cli.cpu", "d3s_probe_module", mode],
@@ -109,15 +85,15 @@ def finish(process, lines, timeout=120):
 
 
 @pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2) to list listening sockets")
-def test_worker_adjustments_loopback_head_and_clean_exit(tmp_path):
-    process, run_id, report, lines = start(tmp_path, "wait")
+def test_worker_adjustments_loopback_head_and_clean_exit(tmp_path, run_processes):
+    process, run_id, report, lines = start(tmp_path, "wait", run_processes.marker)
     assert report is not None, "".join(lines)[-3000:]
     try:
         assert report["current_device"] == "cpu"  # torch.cuda stand-ins inside a Ray worker
         assert report["kvcache"] == "1"  # the job's runtime environment reached the worker
         assert report["gpus"] == 8  # fake GPU resources for OpenRLHF's placement groups
         assert report["node_ip"] == "127.0.0.1"
-        addresses = listening_addresses(marked(run_id))
+        addresses = listening_addresses(run_processes.alive(run_id))
         assert addresses, "no listening socket found for the Ray head"
         assert set(addresses) <= {"127.0.0.1", "[::ffff:127.0.0.1]", "[::1]"}, addresses
         os.kill(process.pid, signal.SIGINT)  # Ctrl-C: the launcher stops its head
@@ -126,12 +102,12 @@ def test_worker_adjustments_loopback_head_and_clean_exit(tmp_path):
     finally:
         if process.poll() is None:
             process.kill()
-        assert wait_gone(run_id) == [], "processes outlived the launcher after Ctrl-C"
+        assert run_processes.leftover(run_id, grace_s=30) == [], "processes outlived the launcher after Ctrl-C"
 
 
-def test_error_in_module_stops_the_head(tmp_path):
-    process, run_id, report, lines = start(tmp_path, "fail")
+def test_error_in_module_stops_the_head(tmp_path, run_processes):
+    process, run_id, report, lines = start(tmp_path, "fail", run_processes.marker)
     output = finish(process, lines)
     assert report is not None and report["current_device"] == "cpu", output[-3000:]
     assert process.returncode == 1 and "probe failure" in output, output[-3000:]
-    assert wait_gone(run_id) == [], "processes outlived the launcher after an error"
+    assert run_processes.leftover(run_id, grace_s=30) == [], "processes outlived the launcher after an error"
