@@ -33,7 +33,7 @@ def trailing_mean(values, window=SMOOTH):
 # -- learning efficiency ------------------------------------------------------------------------------------------
 
 
-def seed_curves(run, group_size_times_prompts):
+def seed_curves(run):
     """Per step: reward, training wall clock (cumulative), cumulative policy-gradient tokens, grad norm."""
     steps = run["steps"]
     reward = np.array([s["rollout/reward_mean"] for s in steps])
@@ -42,12 +42,12 @@ def seed_curves(run, group_size_times_prompts):
         [
             s["d3s/kept_tokens"]
             if "d3s/kept_tokens" in s
-            else s["rollout/response_length_mean"] * group_size_times_prompts
+            else s["rollout/response_length_mean"] * s["rollout/num_samples"]
             for s in steps
         ]
     )
     grad = np.array([s["actor_grad_norm"] for s in steps])
-    kept = np.array([s.get("d3s/kept_rollouts", group_size_times_prompts) for s in steps])
+    kept = np.array([s.get("d3s/kept_rollouts", s["rollout/num_samples"]) for s in steps])
     select = np.array([s.get("d3s/select_time_s", 0.0) for s in steps])
     step_total = np.array([s["timing/step_total"] for s in steps])
     untrained = np.array([s["timing/generation"] + s["timing/broadcast"] for s in steps])  # not touched by D3S
@@ -64,10 +64,9 @@ def first_reach(smoothed, target):
 
 
 def learning_analysis(document):
-    total = 16 * 16  # prompts x rollouts per step of the demo's RL job
     methods = {}
     for method, seeds in document["results"].items():
-        curves = [seed_curves(run, total) for run in seeds.values()]
+        curves = [seed_curves(run) for run in seeds.values()]
         mean = {key: np.mean([c[key] for c in curves], axis=0) for key in curves[0]}
         methods[method] = {
             "curves": curves,
@@ -159,23 +158,20 @@ def plot_step_cost(points, path):
     base = points[0]
     figure, axis = plt.subplots(figsize=(6.5, 4.5))
     axis.plot([0, 1.05], [0, 1.05], color="black", linestyle=":", linewidth=1, label="time ratio = kept-rollout ratio")
-    for key, marker, label in (
-        ("timing/make_experience", "o", "experience making"),
-        ("timing/ppo_train", "s", "actor update"),
-        ("timing/step_total", "^", "whole step (incl. generation)"),
+    for key, marker, color, label in (
+        ("timing/make_experience", "o", "tab:blue", "experience making"),
+        ("timing/ppo_train", "s", "tab:red", "actor update"),
+        ("timing/step_total", "^", "tab:gray", "whole step (incl. generation)"),
     ):
         for point in points[1:]:
-            kept = point["kept_rollouts"] / base["kept_rollouts"]
-            filled = point["k"] >= 1.0
             axis.scatter(
-                kept,
+                point["kept_rollouts"] / base["kept_rollouts"],
                 point[key] / base[key],
                 marker=marker,
                 s=60,
-                facecolors=None if filled else "none",
-                edgecolors="tab:blue" if key == "timing/make_experience" else "tab:red" if "ppo" in key else "tab:gray",
-                color="tab:blue" if key == "timing/make_experience" else "tab:red" if "ppo" in key else "tab:gray",
-                label=f"{label}" if point is points[1] else None,
+                facecolors=color if point["k"] >= 1.0 else "none",
+                edgecolors=color,
+                label=label if point is points[1] else None,
             )
     axis.set_xlabel("kept rollouts / all rollouts")
     axis.set_ylabel("time / GRPO's time (median step)")
