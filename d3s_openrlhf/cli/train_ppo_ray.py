@@ -123,19 +123,93 @@ def _schedule_ns(config: D3SConfig) -> range:
     return range(min(config.n_init, config.n_final), max(config.n_init, config.n_final) + 1)
 
 
+def _schedule_moves(config: D3SConfig) -> bool:
+    if config.schedule == "constant":
+        return False
+    return config.n_init != config.n_final or config.k_init != config.k_final
+
+
+def _group_flags(group: str) -> str:
+    return f"--{group}.num_nodes x --{group}.num_gpus_per_node"
+
+
+def _host_problems(config: D3SConfig, host_args) -> List[str]:
+    """Host settings that would hang or silently mis-train with any D3S selection (samples or tokens)."""
+    from d3s_openrlhf.integration.experience_maker import data_parallel_size, kept_forward_groups
+
+    problems = []
+    dp = data_parallel_size(host_args)
+    train_batch = host_args.train.batch_size
+    dynamic = host_args.train.dynamic_batch_enable
+    if dynamic and train_batch % dp:
+        problems.append(
+            f"--train.dynamic_batch_enable with --train.batch_size {train_batch} not a multiple of the actor's "
+            f"data-parallel size {dp}: upstream's replay buffer then drops samples and takes more optimizer steps "
+            "than the LR horizon counts; make --train.batch_size a multiple of the data-parallel size "
+            f"({_group_flags('actor')} / --ds.ring_attn_size / --ds.tensor_parallel_size)"
+        )
+    if host_args.algo.dynamic_filtering_enable and _schedule_moves(config) and config.schedule_steps <= 0:
+        problems.append(
+            "--algo.dynamic_filtering_enable consumes a varying number of prompts per step, so the run's number of "
+            f"steps is not known in advance, but the --d3s.schedule {config.schedule} moves (N {config.n_init} -> "
+            f"{config.n_final}, K {config.k_init} -> {config.k_final}); set --d3s.schedule_steps to the number of "
+            "training steps the schedule (and the LR horizon) should span, or use --d3s.schedule constant"
+        )
+    if not config.samples_enabled:
+        return problems
+
+    # Forwards on the kept rollouts are split over every model group that runs them; under ZeRO-3 each forward
+    # is a collective, so every rank of a group must get the same number (kept_count_unit folds the groups'
+    # sizes in without dynamic batching; with it, upstream plans a multiple of the actor's size).
+    groups = kept_forward_groups(host_args)
+    rm_used = not (host_args.reward.remote_url or host_args.train.agent_func_path)
+    if rm_used:
+        groups["reward"] = data_parallel_size(host_args, "reward")
+    for group, size in groups.items():
+        if size < 1:
+            problems.append(
+                f"the {group} model group has an effective data-parallel size of 0 ({_group_flags(group)} = "
+                f"{getattr(host_args, group).num_nodes * getattr(host_args, group).num_gpus_per_node} < "
+                "--ds.ring_attn_size x --ds.tensor_parallel_size); give it more GPUs"
+            )
+        elif dynamic and dp % size:
+            problems.append(
+                f"--train.dynamic_batch_enable plans experience-making micro-batches in multiples of the actor's "
+                f"data-parallel size {dp}, which the {group} model group's size {size} ({_group_flags(group)}) "
+                "does not divide: its ranks would run unequal numbers of forwards (a hang under ZeRO-3); give the "
+                f"{group} group a data-parallel size dividing {dp}, or turn dynamic batching off"
+            )
+    if rm_used and not dynamic and groups["reward"] >= 1:
+        total = host_args.rollout.batch_size * host_args.rollout.n_samples_per_prompt
+        micro_batches = -(-total // host_args.rollout.micro_batch_size)
+        if micro_batches % groups["reward"]:
+            problems.append(
+                f"the reward model scores all {total} rollouts in {micro_batches} micro-batches of "
+                f"--rollout.micro_batch_size {host_args.rollout.micro_batch_size}, which do not split evenly over "
+                f"its {groups['reward']} data-parallel ranks ({_group_flags('reward')}): unequal forwards hang "
+                "under ZeRO-3; change --rollout.micro_batch_size or the reward model's GPUs"
+            )
+    return problems
+
+
 def validate_against_host(config: D3SConfig, host_args) -> D3SPlan:
     """Check a resolved D3S config against the (hierarchized) host args; raise D3SValidationError or plan."""
-    from d3s_openrlhf.integration.experience_maker import data_parallel_size, kept_count_unit
+    from d3s_openrlhf.integration.experience_maker import (
+        data_parallel_size,
+        kept_count_unit,
+        kept_forward_groups,
+    )
 
     estimator = host_args.algo.advantage.estimator
     group_size = host_args.rollout.n_samples_per_prompt
     num_prompts = host_args.rollout.batch_size
     dp = data_parallel_size(host_args)
-    unit = kept_count_unit(host_args)
+    problems = _host_problems(config, host_args)
     if not config.samples_enabled:
-        return D3SPlan(num_prompts, group_size, dp, unit)
+        if problems:
+            raise D3SValidationError("D3S cannot run with these flags:\n  " + "\n  ".join(problems))
+        return D3SPlan(num_prompts, group_size, dp, kept_count_unit(host_args))
 
-    problems = []
     if estimator not in ADVANTAGE_ESTIMATORS:
         problems.append(
             f"--d3s.sample_rule {config.sample_rule} selects rollouts by group-relative advantages, but "
@@ -153,22 +227,29 @@ def validate_against_host(config: D3SConfig, host_args) -> D3SPlan:
             f"raise --rollout.n_samples_per_prompt to at least {config.max_n} or lower --d3s.n_init/--d3s.n_final "
             f"(now {config.n_init}/{config.n_final})"
         )
+    if any(size < 1 for size in kept_forward_groups(host_args).values()):  # no unit exists
+        raise D3SValidationError("D3S cannot run with these flags:\n  " + "\n  ".join(problems))
+
+    unit = kept_count_unit(host_args)
     total = num_prompts * group_size
     if host_args.train.dynamic_batch_enable:
         unit_text = f"lcm(--train.batch_size {host_args.train.batch_size}, data-parallel size {dp})"
     else:
+        sizes = kept_forward_groups(host_args)
+        ranks = " and ".join(f"{group} {size}" for group, size in sizes.items())
         unit_text = (
             f"lcm(--train.batch_size {host_args.train.batch_size}, --rollout.micro_batch_size "
-            f"{host_args.rollout.micro_batch_size} x data-parallel size {dp})"
+            f"{host_args.rollout.micro_batch_size} x lcm of the data-parallel sizes of the groups that run forwards "
+            f"on the kept rollouts: {ranks})"
         )
     if total % unit:
         problems.append(
             f"the rollout batch of --rollout.batch_size {num_prompts} x --rollout.n_samples_per_prompt {group_size} "
             f"= {total} rollouts is not a multiple of {unit} = {unit_text}, so kept counts cannot be split evenly "
             "over the data-parallel ranks and micro-batches; change --rollout.batch_size, "
-            "--rollout.n_samples_per_prompt, --train.batch_size, --rollout.micro_batch_size or the actor's "
-            "--actor.num_nodes/--actor.num_gpus_per_node (data-parallel size = nodes x GPUs / "
-            "--ds.ring_attn_size / --ds.tensor_parallel_size)"
+            "--rollout.n_samples_per_prompt, --train.batch_size, --rollout.micro_batch_size or "
+            + ", ".join(f"--{group}.num_nodes/--{group}.num_gpus_per_node" for group in kept_forward_groups(host_args))
+            + " (data-parallel size = nodes x GPUs / --ds.ring_attn_size / --ds.tensor_parallel_size)"
         )
     if problems:
         raise D3SValidationError("D3S cannot run with these flags:\n  " + "\n  ".join(problems))

@@ -20,6 +20,10 @@ Loss semantics (m = pg mask AND action mask, the "kept" tokens; l_t = upstream's
 * sequence-level (``seq-mean-token-mean``, and GSPO which forces it): each sequence's loss is the mean of l_t over
   its kept tokens; sequences are averaged over those with at least one kept token in the window (over all DP
   ranks, / gas). A sequence without kept tokens contributes nothing and is not counted.
+* A window without any kept token (or kept sequence) trains no PG term: the term is exactly 0 with zero gradient
+  (its normaliser 0 is replaced by 1 over a numerator that is exactly 0), while the KL and entropy terms act as
+  upstream's. Such windows are common without shuffling (ring attention, tensor parallelism, dynamic batching)
+  or when every reward of a batch is equal.
 * Implementation: the surrogate is positively homogeneous in the advantage (for c >= 0, l_t(c * A) = c * l_t(A),
   including the dual clip, whose branch depends only on the sign of A), so upstream's own ``PolicyLoss`` is called
   with ``A * m`` (token level) or ``A * m * n_i / k_i`` (sequence level, n_i / k_i = response / kept tokens of row
@@ -109,6 +113,13 @@ def experience_pg_mask(experience) -> torch.Tensor:
 # the loss
 
 
+def _nonzero(normaliser):
+    """``normaliser`` (a float or a 0-d tensor), or 1 where it is 0."""
+    if isinstance(normaliser, torch.Tensor):
+        return torch.where(normaliser != 0, normaliser, torch.ones_like(normaliser))
+    return normaliser if normaliser != 0 else 1.0
+
+
 class D3SPolicyLoss(PolicyLoss):
     """``PolicyLoss`` whose PG surrogate covers only the kept tokens while ``selecting`` is active.
 
@@ -165,6 +176,10 @@ class D3SPolicyLoss(PolicyLoss):
                 n_kept = kept.sum(dim=-1, keepdim=True).to(advantages.dtype)
                 scale = torch.where(kept, full / n_kept.clamp(min=1), 0.0)
             advantages = advantages * scale
+            # A window without kept tokens (sequences) has a PG numerator of exactly 0, every advantage being 0:
+            # dividing it by 1 instead of 0 keeps the term and its gradient 0 instead of NaN.
+            batch_num_tokens = _nonzero(batch_num_tokens)
+            global_batch_size = _nonzero(global_batch_size)
         return super().forward(
             log_probs,
             old_log_probs,

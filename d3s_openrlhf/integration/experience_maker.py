@@ -25,7 +25,8 @@ token mask when K < 1; with K = 1 as well, nothing differs from upstream.
 
 Metrics (``last_metrics``, merged into the trainer's step status): ``d3s/n``, ``d3s/k`` (the schedule point),
 ``d3s/kept_rollouts`` and ``d3s/kept_rollout_frac`` (of B*G), ``d3s/candidate_tokens`` (response tokens of the
-kept rollouts, what K applies to), ``d3s/kept_tokens`` (tokens entering the
+kept rollouts, what K applies to), ``d3s/scored_tokens`` (candidate tokens with a non-zero score
+|A|*H: at most these can be kept; steps with K < 1), ``d3s/kept_tokens`` (tokens entering the
 policy-gradient term) and ``d3s/kept_token_frac`` (of the response tokens of all B*G rollouts),
 ``d3s/adv_var_all`` / ``d3s/adv_var_kept`` (population variance of the per-rollout scalar advantage over all
 rollouts, full-group estimator, / over the kept ones as trained; group estimators only, before
@@ -37,11 +38,11 @@ selection, advantages and the token mask, forwards excluded).
 
 from __future__ import annotations
 
+import math
 import time
 from types import SimpleNamespace
 from typing import Dict, List, Mapping, Optional, Sequence
 
-import ray
 import torch
 import torch.nn.functional as F
 from openrlhf.models.utils import compute_reward
@@ -79,21 +80,35 @@ def config_namespace(config: D3SConfig) -> SimpleNamespace:
     return SimpleNamespace(**config.to_dict())
 
 
-def data_parallel_size(args) -> int:
-    """Effective number of actor data-parallel ranks, as OpenRLHF computes it."""
-    return (
-        args.actor.num_nodes * args.actor.num_gpus_per_node // args.ds.ring_attn_size // args.ds.tensor_parallel_size
-    )
+def data_parallel_size(args, group: str = "actor") -> int:
+    """Effective number of data-parallel ranks of a model group (``actor``, ``ref``, ``critic``, ``reward``), as
+    OpenRLHF's ``RayActorGroup`` splits forwards over them (ring-attention / tensor-parallel copies share a chunk)."""
+    section = getattr(args, group)
+    return section.num_nodes * section.num_gpus_per_node // args.ds.ring_attn_size // args.ds.tensor_parallel_size
+
+
+def kept_forward_groups(args) -> Dict[str, int]:
+    """{group: effective data-parallel size} of the model groups that run forwards on the kept rollouts: the actor,
+    the reference model (KL coefficient > 0) and the critic (if any). The reward model runs on all rollouts."""
+    groups = {"actor": data_parallel_size(args)}
+    if args.algo.kl.init_coef > 0:
+        groups["ref"] = data_parallel_size(args, "ref")
+    if args.critic.model_name_or_path:
+        groups["critic"] = data_parallel_size(args, "critic")
+    return groups
 
 
 def kept_count_unit(args) -> int:
-    """Every kept-rollout count is a multiple of this (see ``d3s_openrlhf.core.batching``)."""
-    return kept_unit(
-        args.train.batch_size,
-        args.rollout.micro_batch_size,
-        data_parallel_size(args),
-        bool(args.train.dynamic_batch_enable),
-    )
+    """Every kept-rollout count is a multiple of this (see ``d3s_openrlhf.core.batching``).
+
+    Without dynamic batching the kept rollouts reach every forward group as kept / micro_batch_size micro-batches,
+    which ``RayActorGroup`` splits into equal chunks only when their number is a multiple of the group's effective
+    size (ZeRO-3 forwards are collectives: unequal chunks hang), so the unit counts the ranks of every such group.
+    With dynamic batching upstream plans the micro-batches itself (a multiple of the actor's size).
+    """
+    dynamic = bool(args.train.dynamic_batch_enable)
+    forward_ranks = data_parallel_size(args) if dynamic else math.lcm(*kept_forward_groups(args).values())
+    return kept_unit(args.train.batch_size, args.rollout.micro_batch_size, forward_ranks, dynamic)
 
 
 def kept_rollout_count(n: int, num_prompts: int, group_size: int, unit: int) -> int:
@@ -113,12 +128,6 @@ def step_generator(seed: int, step: int) -> torch.Generator:
     generator = torch.Generator()
     generator.manual_seed(((int(seed) & 0xFFFFFFFF) << 32) | (int(step) & 0xFFFFFFFF))
     return generator
-
-
-@ray.remote(num_cpus=0)
-def _split_log_probs_and_entropy(pairs):
-    """One actor's ``execute_batch`` result [(log_probs, entropy), ...] -> ([log_probs...], [entropy...])."""
-    return [pair[0] for pair in pairs], [pair[1] for pair in pairs]
 
 
 def _pad_columns(tensor: torch.Tensor, width: int) -> torch.Tensor:
@@ -150,7 +159,8 @@ class D3SExperienceMaker(RemoteExperienceMaker):
         self.last_metrics: Dict[str, float] = {}
         self.last_rollouts: Optional[List[Experience]] = None
         self._entropy_wanted = False
-        self._entropy_refs = None
+        self._pair_refs = None  # the actor forward's refs to (log_probs, entropy) pairs, until flattened
+        self._entropies = None
         self._select_time = 0.0
 
     def set_schedule_point(self, step: int, n: int, k: float) -> None:
@@ -180,9 +190,12 @@ class D3SExperienceMaker(RemoteExperienceMaker):
         token_level = self.k < 1.0
 
         if kept == total:
+            if rollout_samples[0].rewards is not None:  # precomputed: refuse bad ones before any forward
+                self._check_rewards(torch.cat([sample.rewards for sample in rollout_samples]))
             experiences, entropies = self._forward(super().make_experience_batch, rollout_samples, token_level)
             t0 = time.perf_counter()
             rewards = self._reward_grid(experiences)
+            self._check_rewards(rewards.reshape(-1))
             advantages = kept_advantages = self._scalar_advantages(rewards)
         else:
             experiences, entropies, rewards, advantages, kept_advantages = self._make_selected(
@@ -204,6 +217,7 @@ class D3SExperienceMaker(RemoteExperienceMaker):
             tokens = self._attach_token_mask(experiences, entropies)
             metrics["d3s/entropy_all"] = tokens["entropy_mean_all"]
             metrics["d3s/entropy_kept"] = tokens["entropy_mean_kept"]
+            metrics["d3s/scored_tokens"] = tokens["scored_tokens"]
             kept_tokens = tokens["kept_tokens"]
         metrics["d3s/candidate_tokens"] = candidate_tokens
         metrics["d3s/kept_tokens"] = kept_tokens
@@ -230,6 +244,7 @@ class D3SExperienceMaker(RemoteExperienceMaker):
         t0 = time.perf_counter()
         for sample in rollout_samples:
             sample.rewards = sample.rewards.to(torch.promote_types(sample.rewards.dtype, torch.float32))
+        self._check_rewards(torch.cat([sample.rewards for sample in rollout_samples]))
         apply_length_penalties(rollout_samples, args)
         rewards = torch.cat([sample.rewards for sample in rollout_samples]).reshape(num_prompts, self.group_size)
 
@@ -254,6 +269,27 @@ class D3SExperienceMaker(RemoteExperienceMaker):
         self._select_time += time.perf_counter() - t0
         return experiences, entropies, rewards, full.reshape(-1), scalars[kept_index]
 
+    def _check_rewards(self, rewards: torch.Tensor) -> None:
+        """Raise if any reward (B*G,) is NaN or infinite: selection, advantages and the loss would all be NaN."""
+        bad = ~torch.isfinite(rewards)
+        if not bool(bad.any()):
+            return
+        args = self.args
+        if args.train.agent_func_path:
+            source = f"the agent --train.agent_func_path {args.train.agent_func_path}"
+        elif args.reward.remote_url:
+            source = f"the reward function --reward.remote_url {args.reward.remote_url}"
+        else:
+            source = f"the reward model --reward.model_name_or_path {args.reward.model_name_or_path}"
+        where = bad.nonzero().squeeze(1)
+        shown = ", ".join(f"{i} (prompt {i // self.group_size})" for i in where[:8].tolist())
+        more = f" and {where.numel() - 8} more" if where.numel() > 8 else ""
+        raise ValueError(
+            f"{where.numel()} of {rewards.numel()} rewards at step {self.step} are NaN or infinite, from {source}: "
+            f"rollouts {shown}{more} (values {rewards[where[:8]].tolist()}). D3S stops before any update; make the "
+            "reward finite (e.g. return 0 for a response that cannot be scored)"
+        )
+
     def _select(self, values: torch.Tensor, kept: int, generator: torch.Generator) -> torch.Tensor:
         """Sorted flat indices of the ``kept`` rollouts (intra: N or N+1 per prompt, extras drawn at random)."""
         rule = self.d3s.sample_rule
@@ -273,36 +309,40 @@ class D3SExperienceMaker(RemoteExperienceMaker):
     def _forward(self, make, samples, token_level: bool):
         """Run ``make(samples)`` with the actor forward returning entropy when ``token_level``; (exps, entropy)."""
         self._entropy_wanted = token_level
-        self._entropy_refs = None
+        self._pair_refs = self._entropies = None
         try:
             experiences = make(samples)
         finally:
             self._entropy_wanted = False
+            self._pair_refs = None
         if not token_level:
             return experiences, None
-        if self._entropy_refs is None:
+        entropies, self._entropies = self._entropies, None
+        if entropies is None:
             raise RuntimeError("token selection needs the actor forward, which did not run")
-        refs, self._entropy_refs = self._entropy_refs, None
-        duplicate_factor = self.args.ds.ring_attn_size * self.args.ds.tensor_parallel_size
-        return experiences, self._flatten_results(refs, duplicate_factor)
+        return experiences, entropies
 
     def _dispatch_forward(self, group, sync_condition, **kwargs):
         """Upstream's dispatch; the actor's forward is asked for (log_probs, entropy) when token selection runs.
 
-        Upstream's ``make_experience`` must still receive refs to log-probs alone, so each actor's result list is
-        split by a zero-CPU ray task into a log-prob ref (returned) and an entropy ref (kept for the mask).
+        The refs to those pairs go to upstream's ``make_experience`` unchanged; ``_flatten_results`` recognises
+        them and splits the pairs in this process (no extra Ray work).
         """
         if group is not self.actor_model_group or not self._entropy_wanted:
             return super()._dispatch_forward(group, sync_condition, **kwargs)
         batches = len(next(iter(kwargs.values())))
-        pair_refs = super()._dispatch_forward(group, sync_condition, return_entropy=[True] * batches, **kwargs)
-        log_prob_refs, entropy_refs = [], []
-        for ref in pair_refs:
-            log_probs, entropy = _split_log_probs_and_entropy.options(num_returns=2).remote(ref)
-            log_prob_refs.append(log_probs)
-            entropy_refs.append(entropy)
-        self._entropy_refs = entropy_refs
-        return log_prob_refs
+        self._pair_refs = super()._dispatch_forward(group, sync_condition, return_entropy=[True] * batches, **kwargs)
+        return self._pair_refs
+
+    def _flatten_results(self, refs, duplicate_factor):
+        """Upstream's gather; for the actor's (log_probs, entropy) refs it keeps the entropies and returns the
+        log-probs. Ring-attention / tensor-parallel duplicates are dropped before anything is fetched."""
+        if refs is not self._pair_refs:
+            return super()._flatten_results(refs, duplicate_factor)
+        self._pair_refs = None
+        pairs = super()._flatten_results(refs[::duplicate_factor], 1)
+        self._entropies = [entropy for _, entropy in pairs]
+        return [log_probs for log_probs, _ in pairs]
 
     def _reward_model_forward(self, rollout_samples) -> None:
         """Rewards of all rollouts from the reward model alone (before any other forward), put on the samples."""
@@ -391,9 +431,10 @@ class D3SExperienceMaker(RemoteExperienceMaker):
         entropy = torch.cat([_pad_columns(h.float(), width) for h in entropies])
         action_mask = torch.cat([_pad_columns(e.action_mask.bool(), width) for e in experiences])
         mask = token_keep_mask(advantages, entropy, action_mask, self.k, scope=self.d3s.token_scope)
+        scored = int(((advantages.abs() * entropy > 0) & action_mask).sum())
         start = 0
         for experience in experiences:
             rows, columns = experience.action_mask.shape
             experience.info[PG_MASK_KEY] = mask[start : start + rows, :columns].clone()
             start += rows
-        return token_mask_metrics(mask, action_mask, entropy)
+        return {**token_mask_metrics(mask, action_mask, entropy), "scored_tokens": float(scored)}

@@ -65,14 +65,25 @@ def scaled_max_steps(args, cfg: D3SConfig, max_steps: int, run_steps: int) -> in
 
     with kept(s) the experience maker's count at (N, K) = the schedule at step s. Capped at upstream's
     ``max_steps`` (which counts all B*G rollouts of every step, partial last batches by their size); unchanged
-    without sample selection or with ``max_steps`` <= 0.
+    with ``max_steps`` <= 0, and without sample selection unless dynamic filtering sets R (below).
+
+    With ``--algo.dynamic_filtering_enable`` the run's number of steps is unknown in advance (filtered prompts are
+    replaced, so steps consume more prompts than ``rollout.batch_size``): R is then ``--d3s.schedule_steps``
+    when set (required by the CLI for a moving schedule), so the LR schedule spans the same steps as (N, K).
     """
-    if not cfg.samples_enabled or max_steps <= 0:
+    if max_steps <= 0:
+        return max_steps
+    if args.algo.dynamic_filtering_enable and cfg.schedule_steps > 0:
+        run_steps = cfg.schedule_steps
+    elif not cfg.samples_enabled:
         return max_steps
     schedule = cfg.schedule_for(run_steps)
     unit = kept_count_unit(args)
     batch, group = args.rollout.batch_size, args.rollout.n_samples_per_prompt
-    kept_total = sum(kept_rollout_count(schedule.at(step)[0], batch, group, unit) for step in range(run_steps))
+    if cfg.samples_enabled:
+        kept_total = sum(kept_rollout_count(schedule.at(step)[0], batch, group, unit) for step in range(run_steps))
+    else:
+        kept_total = run_steps * batch * group
     return min(max_steps, args.train.max_epochs * kept_total // args.train.batch_size)
 
 

@@ -256,6 +256,8 @@ def make_experience(actor, seed, rows=4, pg="random"):
         wide = torch.zeros(rows, WIDTH + 2, dtype=torch.bool)
         if pg == "all":
             wide[:, :WIDTH] = True
+        elif pg == "none":
+            pass  # no kept token at all (e.g. every advantage of the batch is 0)
         else:
             wide[:, :WIDTH] = (torch.rand(rows, WIDTH, generator=g) < 0.5) & action_mask
             wide[1] = False  # a sequence with no kept token
@@ -359,6 +361,38 @@ def test_masked_training_step_gradient_is_the_reference_pg_loss_plus_upstreams_k
     (pg_loss + kl_ctl * kl_loss).backward()
     for got, expected in zip(grads(actor), grads(reference_actor)):
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "gspo"])
+def test_a_window_without_kept_tokens_trains_only_the_regularisers(model_dir, cpu_cuda, agg):
+    """No kept token in the optimizer-step window: the PG term is exactly 0 (not 0/0 = NaN), and the gradient is
+    upstream's KL and entropy terms alone."""
+    kl_ctl, entropy_coef = 0.3, 0.01
+    loss = dict(actor__policy_loss_type="gspo") if agg == "gspo" else dict(actor__loss_agg_mode=agg)
+    args = make_args(
+        **loss, actor__entropy_coef=entropy_coef, algo__kl__use_loss=True, algo__kl__init_coef=0.01
+    )
+    actor, reference_actor = load_actor(model_dir), load_actor(model_dir)
+    trainer = make_trainer(D3SActorPPOTrainer, actor, MiniStrategy(args, gas=2), cpu_cuda)
+    e = make_experience(actor, seed=30, pg="none")  # 4 samples: one window of two micro-batches
+    trainer.replay_buffer.append(e)
+    calls = record_loss_calls(trainer.actor_loss_fn)
+    status = trainer.ppo_train(kl_ctl)
+    assert len(calls) == 2 and all(c["selection"][1].item() == 0 for c in calls)
+    assert status["policy_loss"] == 0.0
+    assert all(math.isfinite(v) for v in status.values() if isinstance(v, float)), status
+    got = grads(actor)
+    assert all(bool(torch.isfinite(g).all()) for g in got)
+
+    # reference: upstream's KL and entropy losses (token means over the window), nothing else
+    log_probs, output = reference_actor(
+        e.sequences, e.action_mask, e.attention_mask, return_output=True, return_entropy=True
+    )
+    kl = compute_approx_kl(log_probs, e.base_action_log_probs, log_probs_old=e.action_log_probs, kl_estimator="k3")
+    entropy = output.entropy[:, -e.action_mask.shape[1] :]
+    (((kl_ctl * kl - entropy_coef * entropy) * e.action_mask).sum() / e.action_mask.sum()).backward()
+    for g, expected in zip(got, grads(reference_actor)):
+        torch.testing.assert_close(g, expected, rtol=1e-4, atol=1e-7)
 
 
 def test_advantages_of_dropped_tokens_do_not_reach_the_gradient(model_dir, cpu_cuda):
@@ -496,6 +530,17 @@ def test_dynamic_batching_counts_kept_tokens_per_dynamic_step(model_dir, cpu_cud
         assert call["selection"][1].item() == tokens and call["selection"][2].item() == seqs
         assert call["batch_num_tokens"].item() == upstream_tokens
         assert tokens < upstream_tokens
+
+
+def test_dynamic_batching_step_without_kept_tokens_has_a_finite_loss_and_no_pg_gradient(model_dir, cpu_cuda):
+    # no shuffling under dynamic batching: a step made only of zero-advantage prompts keeps no token
+    actor, trainer = dynamic_setup(model_dir, cpu_cuda, D3SActorPPOTrainer)
+    fill(trainer, actor, seeds=(30, 31), pg="none")
+    calls = record_loss_calls(trainer.actor_loss_fn)
+    status = trainer.ppo_train(0.0)
+    assert calls and all(c["selection"][1].item() == 0 for c in calls)
+    assert status["policy_loss"] == 0.0
+    assert all(float(g.abs().sum()) == 0.0 for g in grads(actor))  # no KL or entropy term here: nothing trains
 
 
 def test_dynamic_batching_without_masks_is_upstream_bit_for_bit(model_dir, cpu_cuda):

@@ -211,8 +211,57 @@ def test_error_batch_not_a_multiple_of_the_unit():
 
 def test_error_batch_unit_with_dynamic_batching():
     argv = ["--d3s.preset", "d1s", "--d3s.n_init", "4", *_host(**{"train.batch_size": 48})]
-    message = _error([*argv, "--train.dynamic_batch_enable"])
-    assert "lcm(--train.batch_size 48, data-parallel size 2)" in message
+    groups = ["--ref.num_gpus_per_node", "2", "--reward.num_gpus_per_node", "1"]  # sizes dividing the actor's
+    message = _error([*argv, *groups, "--train.dynamic_batch_enable"])
+    assert "lcm(--train.batch_size 48, data-parallel size 2)" in message and message.count("\n  ") == 1
+
+
+def test_error_dynamic_batching_with_a_train_batch_the_ranks_do_not_divide():
+    argv = ["--d3s.k_init", "0.5", *_host(**{"train.batch_size": 33}), "--train.dynamic_batch_enable"]
+    message = _error(argv)
+    assert "--train.batch_size 33 not a multiple of the actor's data-parallel size 2" in message
+
+
+@pytest.mark.parametrize("group", ["ref", "reward"])
+def test_error_dynamic_batching_with_a_forward_group_whose_size_does_not_divide_the_actors(group):
+    sizes = {"ref": "2", "reward": "2"} | {group: "3"}
+    argv = ["--d3s.preset", "d1s", "--d3s.n_init", "4", *HOST, "--train.dynamic_batch_enable"]
+    for name, size in sizes.items():
+        argv += [f"--{name}.num_gpus_per_node", size]
+    message = _error(argv)
+    assert f"the {group} model group's size 3 (--{group}.num_nodes x --{group}.num_gpus_per_node)" in message
+    assert message.count("\n  ") == 1
+
+
+def test_reference_model_ranks_are_folded_into_the_unit():
+    # actor 2 ranks, reference 3 ranks, micro-batch 2: kept / 2 micro-batches must split over 2 and 3 ranks
+    argv = ["--d3s.preset", "d1s", "--d3s.n_init", "4", *_host(**{"train.batch_size": 8, "rollout.batch_size": 6})]
+    argv += ["--ref.num_gpus_per_node", "3", "--reward.num_gpus_per_node", "1"]
+    _, _, _, plan = cli.resolve(argv)
+    assert plan.unit == 24  # lcm(8, 2 x lcm(2, 3))
+    assert all(kept % 24 == 0 for kept in plan.kept_by_n.values())
+    # without a KL term there is no reference model: lcm(8, 2 x 2) = 8
+    _, _, _, plan = cli.resolve([*argv, "--algo.kl.init_coef", "0"])
+    assert plan.unit == 8
+
+
+def test_error_reward_model_forwards_that_do_not_split_evenly():
+    # 8 x 16 = 128 rollouts in 64 micro-batches of 2 over a reward model on 3 ranks
+    message = _error(["--d3s.preset", "d1s", "--d3s.n_init", "4", *HOST, "--reward.num_gpus_per_node", "3"])
+    assert "64 micro-batches" in message and "--reward.num_nodes x --reward.num_gpus_per_node" in message
+    # scored by a reward function, no reward model runs
+    cli.resolve(["--d3s.preset", "d1s", "--d3s.n_init", "4", *HOST, "--reward.num_gpus_per_node", "3",
+                 "--reward.remote_url", "reward.py"])  # fmt: skip
+
+
+@pytest.mark.parametrize("schedule", ["linear", "cosine"])
+def test_error_dynamic_filtering_with_a_moving_schedule_needs_schedule_steps(schedule):
+    argv = ["--d3s.preset", "d3s", "--d3s.n_final", "16", "--d3s.schedule", schedule, *HOST]
+    argv += ["--algo.dynamic_filtering_enable", "--reward.remote_url", "reward.py"]
+    message = _error(argv)
+    assert "--algo.dynamic_filtering_enable" in message and "--d3s.schedule_steps" in message
+    cli.resolve([*argv, "--d3s.schedule_steps", "100"])
+    cli.resolve([*argv, "--d3s.schedule", "constant"])
 
 
 def test_errors_are_reported_together():

@@ -140,6 +140,13 @@ def host_args(*flags, estimator="group_norm", group_size=4, prompts=4, train_bat
         "1",
         "--actor.num_gpus_per_node",
         "2",
+        # the auxiliary group (one rank) serves as reference, critic and reward model
+        "--ref.num_gpus_per_node",
+        "1",
+        "--critic.num_gpus_per_node",
+        "1",
+        "--reward.num_gpus_per_node",
+        "1",
         *flags,
     ]
     return parse_host_args(argv)
@@ -646,6 +653,7 @@ def test_metrics(groups):
         "d3s/adv_var_kept",
         "d3s/entropy_all",
         "d3s/entropy_kept",
+        "d3s/scored_tokens",
         "d3s/zero_var_groups",
         "d3s/select_time_s",
     }
@@ -728,3 +736,47 @@ def test_rollout_steps_horizon():
     args.train.num_episodes = 2
     assert rollout_steps(10, args) == 6  # ceil(10 / 4) batches per episode, 2 episodes
     assert rollout_steps(8, args) == 4
+
+
+# ── bad rewards, the entropy hand-off ──
+
+
+@pytest.mark.parametrize("n", [2, 4], ids=["selecting", "keeping-all"])
+def test_non_finite_rewards_stop_the_step_before_any_forward(groups, n):
+    args = host_args("--reward.remote_url", "/path/reward.py")
+    maker = make_maker(groups, args, config(preset="d3s"))
+    maker.set_schedule_point(7, n, 0.5)
+    rollouts = make_rollouts(REWARDS)
+    for i, value in ((5, float("nan")), (9, float("inf"))):
+        rollouts[i].rewards = torch.tensor([value])
+    with pytest.raises(ValueError) as error:
+        maker.make_experience_batch(rollouts)
+    message = str(error.value)
+    assert "2 of 16 rewards at step 7 are NaN or infinite" in message
+    assert "--reward.remote_url /path/reward.py" in message and "5 (prompt 1), 9 (prompt 2)" in message
+    assert _records(groups.policy) == [[], []]  # nothing was forwarded
+
+
+def test_entropy_pairs_are_split_in_this_process_from_the_actors_own_refs(groups, monkeypatch):
+    """The log-prob refs upstream's make_experience gathers are the actor forward's own (no extra Ray task); with
+    ring-attention copies (two ranks computing the same chunk) each pair is fetched once."""
+    args = host_args("--ds.ring_attn_size", "2", "--algo.kl.init_coef", "0")
+    maker = make_maker(groups, args, config(preset="d3s"))
+    maker.set_schedule_point(0, 2, 0.5)
+    dispatched, gathered = [], []
+    run_batch = groups.policy.async_run_method_batch
+    monkeypatch.setattr(groups.policy, "duplicate_actors", 2)  # both ranks get every chunk, as ring copies do
+    monkeypatch.setattr(
+        groups.policy, "async_run_method_batch", lambda **kw: dispatched.append(run_batch(**kw)) or dispatched[-1]
+    )
+    flatten = maker._flatten_results
+    monkeypatch.setattr(maker, "_flatten_results", lambda refs, dup: gathered.append(refs) or flatten(refs, dup))
+    experiences = maker.make_experience_batch(make_rollouts(REWARDS))
+    records = _records(groups.policy)
+    assert forwarded_ids(records[:1], "log_probs") == forwarded_ids(records[1:], "log_probs")  # duplicated work
+    assert len(dispatched) == 1 and any(refs is dispatched[0] for refs in gathered)
+    for experience in experiences:  # one entropy row per kept rollout, aligned with its log-probs
+        tokens = experience.sequences[:, 1:].long()
+        valid = experience.action_mask.float()
+        assert torch.equal(experience.action_log_probs, -(((tokens * 7) % 13) + 1).float() / 10 * valid)
+    assert maker.last_metrics["d3s/kept_rollouts"] == 8

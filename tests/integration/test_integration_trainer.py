@@ -195,10 +195,16 @@ def horizon_args(**overrides):
         train=SimpleNamespace(batch_size=8, max_epochs=2, dynamic_batch_enable=False),
         actor=SimpleNamespace(num_nodes=1, num_gpus_per_node=2),
         ds=SimpleNamespace(ring_attn_size=1, tensor_parallel_size=1),
+        algo=SimpleNamespace(kl=SimpleNamespace(init_coef=0.0), dynamic_filtering_enable=False),
+        ref=SimpleNamespace(num_nodes=1, num_gpus_per_node=1),
+        critic=SimpleNamespace(model_name_or_path=None, num_nodes=1, num_gpus_per_node=1),
     )
     for key, value in overrides.items():
-        group, name = key.split("__")
-        setattr(getattr(args, group), name, value)
+        *path, name = key.split("__")
+        target = args
+        for part in path:
+            target = getattr(target, part)
+        setattr(target, name, value)
     return args
 
 
@@ -235,3 +241,33 @@ def test_max_steps_with_a_constant_fraction_and_without_sample_selection():
     # never above upstream's horizon, and 0 stays 0
     assert scaled_max_steps(args, pods, 1, 10) == 1
     assert scaled_max_steps(args, pods, 0, 10) == 0
+
+
+def test_max_steps_with_dynamic_filtering_spans_the_schedule_steps():
+    args = horizon_args(algo__dynamic_filtering_enable=True)
+    # upstream's horizon over-counts under filtering (10 steps estimated); the schedule is set to span 3
+    max_steps = 10 * (4 * 8 // 8) * 2
+    cfg = D3SConfig(sample_rule="max_var", n_init=2, n_final=6, schedule="linear", schedule_steps=3)
+    schedule = cfg.schedule_for(3)
+    kept = [-(-schedule.at(step)[0] * 4 // 8) * 8 for step in range(3)]
+    assert scaled_max_steps(args, cfg, max_steps, 10) == 2 * sum(kept) // 8
+    # token selection alone: the same 3 steps of all B * G rollouts
+    tokens_only = D3SConfig(sample_rule="none", k_init=0.1, k_final=0.3, schedule_steps=3)
+    assert scaled_max_steps(args, tokens_only, max_steps, 10) == 3 * (4 * 8 // 8) * 2
+    # without schedule_steps upstream's estimate stays (the CLI refuses a moving schedule then)
+    assert scaled_max_steps(args, D3SConfig(sample_rule="none", k_init=0.1, k_final=0.3), max_steps, 10) == max_steps
+
+
+def test_kept_count_unit_counts_every_group_that_runs_forwards_on_the_kept_rollouts():
+    from d3s_openrlhf.integration.experience_maker import kept_count_unit
+
+    # actor 2 ranks, micro-batch 1, train batch 8: lcm(8, 1 x 2) = 8
+    assert kept_count_unit(horizon_args()) == 8
+    # a reference model on 3 ranks: kept / 1 micro-batches must split over 2 and 3 ranks: lcm(8, 6) = 24
+    args = horizon_args(algo__kl__init_coef=0.01, ref__num_gpus_per_node=3)
+    assert kept_count_unit(args) == 24
+    # a critic on 4 ranks and micro-batches of 2: lcm(8, 2 x lcm(2, 4)) = 8
+    args = horizon_args(critic__model_name_or_path="critic", critic__num_gpus_per_node=4, rollout__micro_batch_size=2)
+    assert kept_count_unit(args) == 8
+    # with a KL coefficient of 0 the reference model does not exist
+    assert kept_count_unit(horizon_args(ref__num_gpus_per_node=3)) == 8
