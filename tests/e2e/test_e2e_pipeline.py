@@ -66,8 +66,13 @@ def assert_kept_counts(run, expected):
         )
         candidates = values["d3s/candidate_tokens"]
         assert kept <= candidates <= kept * 4, (step, candidates)  # 1 to max_new_tokens tokens per rollout
-        # token_keep_mask's count: ceil(K * n), K read as the nearest fraction with denominator <= 10**6
-        kept_tokens = max(1, math.ceil(Fraction(k).limit_denominator(10**6) * int(candidates)))
+        if k < 1:
+            # token_keep_mask's count: ceil(K * n), K read as the nearest fraction with denominator <= 10**6, but
+            # never a token whose score |A| * H is 0
+            budget = max(1, math.ceil(Fraction(k).limit_denominator(10**6) * int(candidates)))
+            kept_tokens = min(budget, values["d3s/scored_tokens"])
+        else:
+            kept_tokens = candidates
         assert values["d3s/kept_tokens"] == kept_tokens, (step, values["d3s/kept_tokens"], kept_tokens)
 
 
@@ -117,6 +122,33 @@ def test_two_data_parallel_ranks_zero3(toy_sft, run_pipeline, assert_clean_run, 
     run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "dp2", config), name="dp2")
     assert_clean_run(run, range(1, STEPS + 1))
     assert_kept_counts(run, expected_schedule(CROSS, config, STEPS))
+
+
+def test_all_equal_rewards_on_two_ranks_keep_the_loss_finite(toy_sft, run_pipeline, assert_clean_run, tmp_path):
+    """Every reward of every batch equal: no advantage, no token with a score, no kept token in any optimizer-step
+    window. The PG term is 0 (not 0/0), the entropy bonus still trains, nothing turns NaN (ZeRO-3, two ranks)."""
+    reward = tmp_path / "constant_reward.py"
+    reward.write_text(
+        "import torch\n\n"
+        "def reward_func(queries, prompts, labels, **kwargs):\n"
+        "    rewards = torch.ones(len(queries))\n"
+        "    return {'rewards': rewards, 'scores': rewards, 'extra_logs': {}}\n"
+    )
+    config = dataclasses.replace(
+        BASE,
+        actor_gpus=2,
+        zero_stage=3,
+        micro_batch_size=8,
+        reward=str(reward),
+        extra=d3s_flags(**CROSS) + ["--actor.entropy_coef", "0.01"],
+    )
+    run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "equal", config), name="equal")
+    assert_clean_run(run, range(1, STEPS + 1))
+    assert_kept_counts(run, expected_schedule(CROSS, config, STEPS))
+    for step, values in run.steps.items():
+        assert values["d3s/scored_tokens"] == 0 and values["d3s/kept_tokens"] == 0, step
+        assert values["policy_loss"] == 0.0, step
+        assert values["d3s/zero_var_groups"] == PROMPTS, step
 
 
 def test_async_mode(toy_sft, run_pipeline, assert_clean_run, tmp_path):

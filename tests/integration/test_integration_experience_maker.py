@@ -447,6 +447,29 @@ def test_cross_groups_keeping_zero_or_one_rollout_stay_finite(groups, estimator,
         assert not advantages[0].any() and not advantages[4].any()  # one-member groups: no baseline, advantage 0
 
 
+@pytest.mark.parametrize("n", [1, 2, 4], ids=["N=1", "N=2", "N=G"])
+@pytest.mark.parametrize("scope", ["cross", "intra"])
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+def test_all_equal_rewards_and_one_token_responses_keep_no_token(groups, estimator, scope, n):
+    """Every reward equal, every response one token long: advantages are 0 (finite), every kept count is legal
+    and no token carries a score, so none enters the PG term (the trainer then trains no PG term)."""
+    args = host_args(estimator=estimator)
+    maker = make_maker(groups, args, config(preset="d3s", sample_scope=scope))
+    maker.set_schedule_point(3, n, 0.3)
+    equal = [[0.5] * 4 for _ in range(4)]
+    experiences = maker.make_experience_batch(make_rollouts(equal, response_lengths=[1] * 16))
+    _records(groups.policy)
+    assert len(kept_ids(experiences)) == max(4, 4 * n)  # rounded up to the unit lcm(4, 1 x 2) = 4
+    for experience in experiences:
+        assert torch.equal(experience.advantages, torch.zeros_like(experience.advantages))
+        assert not experience.info[PG_MASK_KEY].any()
+    metrics = maker.last_metrics
+    assert metrics["d3s/candidate_tokens"] == max(4, 4 * n)
+    assert metrics["d3s/scored_tokens"] == metrics["d3s/kept_tokens"] == 0
+    assert metrics["d3s/zero_var_groups"] == 4 and metrics["d3s/adv_var_all"] == 0.0
+    assert all(math.isfinite(value) for value in metrics.values())
+
+
 def test_length_penalties_land_exactly_once(groups):
     lengths = [2, 3, 5, 6] * 4
     args = host_args("--reward.overlong_buffer_len", "2", "--rollout.max_new_tokens", "6")
