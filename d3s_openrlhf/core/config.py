@@ -172,6 +172,13 @@ class D3SConfig:
         "step's choice is reproducible, also after a resume",
         int,
     )
+    full_logits: bool = _option(
+        False,
+        "compute upstream's full-vocabulary logits in every forward; by default, steps with K < 1 whose loss reads "
+        "the kept tokens' log-probs only (PPO-clip, no KL loss, no entropy loss, no ring attention) apply the LM "
+        "head at the kept tokens alone, so the training step's logit memory is about K times upstream's",
+        bool,
+    )
     dry_run: bool = _option(
         False,
         "validate the configuration against the host flags, print the resolved D3S settings and the kept "
@@ -211,8 +218,9 @@ class D3SConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
                 bad(name, "must be an int >= 0")
-        if not isinstance(self.dry_run, bool):
-            bad("dry_run", "must be a bool")
+        for name in ("full_logits", "dry_run"):
+            if not isinstance(getattr(self, name), bool):
+                bad(name, "must be a bool")
         if self.advantage_mode == "subset" and self.sample_rule == "none":
             bad(
                 "advantage_mode",

@@ -42,6 +42,7 @@ Loss semantics (m = pg mask AND action mask, the "kept" tokens; l_t = upstream's
 
 from __future__ import annotations
 
+import functools
 from contextlib import contextmanager
 from typing import Dict, Iterator, List, Optional, Sequence, Union
 
@@ -59,6 +60,8 @@ from openrlhf.utils.loss_utils import (
 )
 
 from d3s_openrlhf.core.entropy import entropy_from_logits
+from d3s_openrlhf.integration.experience_maker import config_from_args
+from d3s_openrlhf.integration.kept_forward import kept_forward_blocker, kept_token_forward
 from d3s_openrlhf.integration.seams import swapped_globals
 
 PG_MASK_KEY = "d3s_pg_mask"
@@ -305,7 +308,26 @@ class D3SActorPPOTrainer(ppo_actor.ActorPPOTrainer):
                 "ppo_train, or with loss_batch_info=None"
             )
         with self.actor_loss_fn.selecting(pg_mask, pg_norm["batch_num_tokens"], pg_norm["global_batch_size"]):
-            return super().training_step(experience, kl_ctl, step, loss_batch_info)
+            with self._forward_at_kept_tokens(experience, pg_mask):
+                return super().training_step(experience, kl_ctl, step, loss_batch_info)
+
+    @contextmanager
+    def _forward_at_kept_tokens(self, experience, pg_mask: torch.Tensor) -> Iterator[None]:
+        """Within the block the actor's forward applies the LM head at the kept tokens only, where the loss allows
+        it (``kept_forward.kept_forward_blocker``); otherwise upstream's forward runs unchanged."""
+        config = config_from_args(self.args)
+        full_logits = config is not None and config.full_logits
+        if kept_forward_blocker(self.args, self.actor, full_logits, self.strategy.ring_attn_group) is not None:
+            yield
+            return
+        # an instance attribute shadows Actor.forward for nn.Module.__call__ (the DeepSpeed engine is inside)
+        self.actor.forward = functools.partial(
+            kept_token_forward, self.actor, pg_mask=pg_mask, fill_log_probs=experience.action_log_probs
+        )
+        try:
+            yield
+        finally:
+            del self.actor.forward
 
 
 # ---------------------------------------------------------------------------------------------------------------

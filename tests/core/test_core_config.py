@@ -93,6 +93,7 @@ BAD_VALUES = [
     ("schedule_steps", -1, "int >= 0"),
     ("schedule_steps", 2.0, "int >= 0"),
     ("seed", -5, "int >= 0"),
+    ("full_logits", 1, "bool"),
     ("dry_run", "yes", "bool"),
 ]
 
@@ -213,6 +214,7 @@ def configs(draw):
         schedule_steps=draw(st.integers(0, 10_000)),
         token_scope=draw(st.sampled_from(TOKEN_SCOPES)),
         seed=draw(st.integers(0, 2**32)),
+        full_logits=draw(st.booleans()),
         dry_run=draw(st.booleans()),
     )
 
@@ -222,8 +224,8 @@ def configs(draw):
 def test_flag_round_trip(config):
     argv = []
     for name, value in config.to_dict().items():
-        if name == "dry_run":
-            argv += ["--d3s.dry_run"] if value else []
+        if name in ("full_logits", "dry_run"):
+            argv += [f"--d3s.{name}"] if value else []
         elif value is not None:
             argv += [f"--d3s.{name}", repr(value) if isinstance(value, float) else str(value)]
     parsed = vars(parser_with_flags().parse_args(argv))

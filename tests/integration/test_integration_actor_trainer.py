@@ -432,6 +432,62 @@ def test_trainer_builds_the_d3s_loss_and_buffer_and_restores_upstreams_names(mod
 
 
 # --------------------------------------------------------------------------------------------------------------
+# the training forward with the LM head at the kept tokens only
+
+
+def record_head_inputs(actor):
+    """Shapes of the LM head's inputs, call by call."""
+    shapes = []
+    actor.model.get_output_embeddings().register_forward_hook(lambda m, args, out: shapes.append(tuple(args[0].shape)))
+    return shapes
+
+
+@pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("dual_clip", [None, 3.0])
+def test_kept_token_forward_gives_the_full_logits_loss_and_gradient(model_dir, cpu_cuda, packing, temperature, dual_clip):
+    results = []
+    for full_logits in (True, False):
+        args = make_args(actor__dual_clip=dual_clip)
+        args.d3s = D3SConfig(k_init=0.5, k_final=0.5, full_logits=full_logits)
+        actor = load_actor(model_dir, temperature=temperature, packing_samples=packing)
+        experience = make_experience(actor, seed=5)
+        trainer = make_trainer(D3SActorPPOTrainer, actor, MiniStrategy(args), cpu_cuda)
+        heads = record_head_inputs(actor)
+        status = trainer.training_step(as_training_batch(experience), 0.0, 0)
+        results.append((grads(actor), status["metrics"]["policy_loss"], heads))
+        assert "forward" not in vars(actor)  # upstream's forward is back
+    (full_grads, full_loss, full_heads), (kept_grads, kept_loss, kept_heads) = results
+    torch.testing.assert_close(kept_loss, full_loss, rtol=1e-5, atol=1e-6)
+    for got, expected in zip(kept_grads, full_grads):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
+    assert any(g.abs().sum() > 0 for g in kept_grads)
+    # the full forward applies the head at every position, the kept one at none, then at the kept tokens only
+    kept = int(pg_mask_from_rows(experience.info[PG_MASK_KEY], experience.action_mask).sum())
+    assert full_heads[0][-2] == (int(experience.attention_mask.sum()) if packing else experience.sequences.shape[1])
+    assert kept_heads[0][-2] == 0 and kept_heads[1] == (kept, 64)
+    assert len(kept_heads) == 3  # the kept-token logits are recomputed in the backward (activation checkpointing)
+
+
+def test_kept_token_forward_only_where_the_loss_reads_kept_tokens_alone(model_dir, cpu_cuda):
+    from d3s_openrlhf.integration.kept_forward import kept_forward_blocker
+
+    actor = load_actor(model_dir)
+    assert kept_forward_blocker(make_args(), actor, False) is None
+    blocked = {
+        "--d3s.full_logits": (make_args(), True, None),
+        "gspo": (make_args(actor__policy_loss_type="gspo"), False, None),
+        "--algo.kl.use_loss": (make_args(algo__kl__use_loss=True), False, None),
+        "--actor.entropy_coef": (make_args(actor__entropy_coef=0.0), False, None),
+        "ring_attn": (make_args(), False, object()),
+    }
+    for reason, (args, full_logits, ring_group) in blocked.items():
+        assert reason in kept_forward_blocker(args, actor, full_logits, ring_group), reason
+    actor.model.config.model_type = "gemma2"  # logits soft-capped after the head
+    assert "gemma2" in kept_forward_blocker(make_args(), actor, False)
+
+
+# --------------------------------------------------------------------------------------------------------------
 # ppo_train: windows and dynamic batching
 
 
