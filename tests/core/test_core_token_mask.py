@@ -18,16 +18,18 @@ def expected_count(fraction, n):
 
 
 def reference_mask(advantages, entropy, action_mask, fraction, scope):
-    """Brute force: list the valid positions, sort by (score desc, row-major position asc), take the first k."""
+    """Brute force: the budget counts every valid position; list the valid positions with a positive score, sort
+    by (score desc, row-major position asc), take the first min(budget, their number)."""
     scores = (advantages.float().abs() * entropy.float()).tolist()
     mask = action_mask.bool().tolist()
     rows, cols = action_mask.shape
     keep = [[False] * cols for _ in range(rows)]
     groups = [list(range(rows))] if scope == "batch" else [[r] for r in range(rows)]
     for group in groups:
-        cands = [(-scores[r][c], r, c) for r in group for c in range(cols) if mask[r][c]]
+        valid = sum(mask[r][c] for r in group for c in range(cols))
+        cands = [(-scores[r][c], r, c) for r in group for c in range(cols) if mask[r][c] and scores[r][c] > 0]
         cands.sort()
-        for _, r, c in cands[: expected_count(fraction, len(cands))]:
+        for _, r, c in cands[: expected_count(fraction, valid)]:
             keep[r][c] = True
     return torch.tensor(keep, dtype=torch.bool).reshape(rows, cols)
 
@@ -79,7 +81,9 @@ def test_count_order_and_masking_properties(batch, scope):
     for unit in units:
         unit_keep, unit_mask, unit_scores = keep[unit], mask[unit], scores[unit]
         n = int(unit_mask.sum())
-        assert int(unit_keep.sum()) == expected_count(fraction, n)
+        positive = int((unit_mask & (unit_scores > 0)).sum())
+        assert int(unit_keep.sum()) == min(expected_count(fraction, n), positive)
+        assert bool((unit_scores[unit_keep] > 0).all())  # no zero-score token is kept
         dropped = unit_mask & ~unit_keep
         if unit_keep.any() and dropped.any():
             assert unit_scores[unit_keep].min() >= unit_scores[dropped].max()
@@ -92,7 +96,7 @@ def test_decimal_fractions_give_exact_ceilings(per_mille, n):
     adv = torch.ones(1, max(n, 1))
     mask = torch.zeros(1, max(n, 1), dtype=torch.bool)
     mask[0, :n] = True
-    keep = token_keep_mask(adv, torch.rand(1, max(n, 1)), mask, per_mille / 1000)
+    keep = token_keep_mask(adv, torch.rand(1, max(n, 1)) + 0.1, mask, per_mille / 1000)
     exact = -(-per_mille * n // 1000)
     assert int(keep.sum()) == (max(exact, 1) if n else 0)
 
@@ -100,9 +104,9 @@ def test_decimal_fractions_give_exact_ceilings(per_mille, n):
 def test_float_artifacts_do_not_add_a_token():
     assert 0.07 * 100 > 7  # the double product overshoots; the mask must still keep 7
     mask = torch.ones(1, 100, dtype=torch.bool)
-    keep = token_keep_mask(torch.ones(1, 100), torch.rand(1, 100), mask, 0.07)
+    keep = token_keep_mask(torch.ones(1, 100), torch.rand(1, 100) + 0.1, mask, 0.07)
     assert int(keep.sum()) == 7
-    keep = token_keep_mask(torch.ones(10, 10), torch.rand(10, 10), torch.ones(10, 10, dtype=torch.bool), 0.7,
+    keep = token_keep_mask(torch.ones(10, 10), torch.rand(10, 10) + 0.1, torch.ones(10, 10, dtype=torch.bool), 0.7,
                            scope="sequence")
     assert keep.sum(1).tolist() == [7] * 10
 
@@ -126,10 +130,27 @@ def test_sequence_scope_keeps_at_least_one_per_non_empty_row():
     assert keep.sum(1).tolist() == [1, 0, 1]
 
 
-def test_fraction_one_keeps_exactly_the_action_mask_and_empty_mask_keeps_nothing():
+@pytest.mark.parametrize("scope", ["batch", "sequence"])
+def test_zero_score_tokens_are_never_kept(scope):
+    # regression: the budget used to be filled with zero-score tokens by earliest position (rows 0 and 1 here)
+    adv = torch.tensor([[0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [1.0, 1.0, 1.0], [2.0, 2.0, 2.0]])
+    ent = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 1.0], [0.5, 0.0, 1.0], [1.0, 1.0, 0.0]])
+    mask = torch.ones(4, 3, dtype=torch.bool)
+    keep = token_keep_mask(adv, ent, mask, 0.75, scope=scope)  # budget ceil(0.75 * 12) = 9 / 3 per row
+    expected = [[False] * 3, [False] * 3, [True, False, True], [True, True, False]]
+    assert keep.tolist() == expected  # 4 tokens carry a score, all are kept, nothing else
+    all_zero = token_keep_mask(torch.zeros(4, 3), ent, mask, 0.2, scope=scope)
+    assert not all_zero.any()  # a batch whose advantages are all 0 keeps no token
+
+
+def test_fraction_one_keeps_exactly_the_scored_action_tokens_and_empty_mask_keeps_nothing():
     mask = torch.rand(4, 9) > 0.5
     for scope in ("batch", "sequence"):
-        assert torch.equal(token_keep_mask(torch.randn(4, 9), torch.rand(4, 9), mask, 1.0, scope=scope), mask)
+        ent = torch.rand(4, 9) + 0.1
+        assert torch.equal(token_keep_mask(torch.randn(4, 9), ent, mask, 1.0, scope=scope), mask)
+        adv = torch.randn(4, 9)
+        adv[0] = 0.0
+        assert torch.equal(token_keep_mask(adv, ent, mask, 1.0, scope=scope), mask & (torch.arange(4) > 0)[:, None])
         empty = torch.zeros(4, 9, dtype=torch.bool)
         assert not token_keep_mask(torch.randn(4, 9), torch.rand(4, 9), empty, 0.3, scope=scope).any()
 
