@@ -31,13 +31,21 @@ several split points i reach the optimal score (within a relative 1e-10, e.g. 3 
 with m = 3: {1, 0, 0} and {1, 1, 0} have the same variance), one of them is drawn uniformly from
 ``generator`` as well, so neither successes nor failures are systematically preferred. Our choice; the
 papers are silent on ties.
+
+Devices and threads. The randomness is always drawn on the generator's device (a CPU generator with CUDA values
+works) and moved to the values' device. On CPU the work runs on one torch thread, and the one large sort (the
+tie-broken order of all values) is a numpy sort of unique 64-bit keys: torch's OpenMP sort and randperm slow down
+by tens of times on two cores when another process competes for them (measured: benchmarks/RESULTS_selection.md),
+while these small ops gain nothing from a second thread. The result is the same as the torch path's, bit for bit.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import operator
 
+import numpy as np
 import torch
 
 _SCOPES = ("intra", "cross")
@@ -93,18 +101,67 @@ def _order_preserving_bits(x: torch.Tensor) -> torch.Tensor:
     return bits ^ ((bits >> 63) & 0x7FFF_FFFF_FFFF_FFFF)
 
 
+def _random_device(generator, device: torch.device) -> torch.device:
+    """Where random draws happen: on the generator's device (a generator only draws there), else on ``device``."""
+    return generator.device if generator is not None else device
+
+
+def _randperm(count: int, generator, device: torch.device, dtype=torch.int64) -> torch.Tensor:
+    return torch.randperm(count, generator=generator, dtype=dtype, device=_random_device(generator, device)).to(device)
+
+
+def _rand(shape, generator, device: torch.device) -> torch.Tensor:
+    return torch.rand(shape, generator=generator, device=_random_device(generator, device)).to(device)
+
+
+@contextlib.contextmanager
+def _one_cpu_thread(device: torch.device):
+    """Run the block's CPU ops on one torch thread (see the module docstring: threads only hurt here)."""
+    threads = torch.get_num_threads()
+    if device.type != "cpu" or threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _numpy_ascending_order(key: torch.Tensor, order: torch.Tensor, rows: int, n: int) -> torch.Tensor:
+    """``_ascending_order``'s result for 32-bit keys on CPU, by one numpy sort of unique 64-bit keys.
+
+    Stably sorting the values visited in the random ``order`` is sorting them by (value key, position in
+    ``order``): packing both into one int64 (key in the high half) makes every key unique, so numpy's fast
+    unstable sort gives exactly the stable order, and the low halves are the positions in ``order``.
+    """
+    perm = order.numpy().astype(np.int64, copy=False)
+    key = key.numpy().astype(np.int64)
+    if rows == 1:  # composite key of the value visited at each position of the random order
+        packed = (key[perm] << 32) | np.arange(n, dtype=np.int64)
+    else:  # composite key of every value in place; rows are sorted independently
+        position = np.empty_like(perm)
+        position[perm] = np.arange(perm.size, dtype=np.int64)
+        packed = ((key << 32) | position).reshape(rows, n)
+    packed = np.sort(packed, axis=-1)
+    return torch.from_numpy(perm[packed & 0xFFFF_FFFF]).view(rows, n)
+
+
 def _ascending_order(x: torch.Tensor, generator) -> torch.Tensor:
     """order (R, n): flat indices into x (R, n) such that x.reshape(-1)[order[r]] is row r ascending, equal
     values in uniformly random order (independently across rows).
 
     All R * n values are visited in one uniformly random order, stably sorted by value, then stably sorted by
     row; the random order restricted to the ties of one row is again uniform. Only 1-D integer sorts, which
-    torch radix-sorts (from 32768 elements on), with keys as narrow as possible.
+    torch radix-sorts (from 32768 elements on), with keys as narrow as possible; on CPU one numpy sort of packed
+    keys gives the same order (``_numpy_ascending_order``).
     """
     rows, n = x.shape
     index_dtype = torch.int32 if rows * n <= torch.iinfo(torch.int32).max else torch.int64  # less to move
-    order = torch.randperm(rows * n, generator=generator, dtype=index_dtype, device=x.device)
+    order = _randperm(rows * n, generator, x.device, index_dtype)
     key = _order_preserving_bits(x).reshape(-1)
+    if x.device.type == "cpu" and key.dtype == torch.int32 and rows * n <= 2**31:
+        return _numpy_ascending_order(key, order, rows, n)
     order = order.index_select(0, key.index_select(0, order).sort(stable=True).indices)
     if rows > 1:
         row_dtype = torch.int16 if rows <= torch.iinfo(torch.int16).max else torch.int32
@@ -128,7 +185,7 @@ def _max_var_split(ends: torch.Tensor, m: int, generator) -> torch.Tensor:
     s1, s2 = p[..., : m + 1] - p[..., w - m :] + p[..., w:]
     score = torch.addcmul(m * s2, s1, s1, value=-1)  # (R, m + 1): m * S2 - S1^2 = m^2 * Var(S_i)
     threshold = score.amax(dim=1, keepdim=True) - _SCORE_RTOL * m * p[1, :, w:]
-    tie_key = torch.rand(score.shape, generator=generator, device=x.device)
+    tie_key = _rand(score.shape, generator, x.device)
     return tie_key.masked_fill_(score < threshold, -1.0).argmax(dim=1)
 
 
@@ -184,10 +241,10 @@ def select_rollouts(
         ValueError: non-2-D or non-floating values, NaN/inf, keep out of range, unknown scope or rule.
         TypeError: values not a tensor, keep not an integer.
     """
-    keep = _validate(values, keep, scope, rule)
     # Inference mode skips autograd and version-counter bookkeeping on every op; the clone returns an
     # ordinary tensor (inference tensors cannot be saved for backward, e.g. as the index of an index_select).
-    with torch.inference_mode():
+    with torch.inference_mode(), _one_cpu_thread(getattr(values, "device", torch.device("cpu"))):
+        keep = _validate(values, keep, scope, rule)
         kept = _select(values, keep, scope, rule, generator)
     return kept.clone()
 

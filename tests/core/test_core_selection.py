@@ -386,3 +386,81 @@ def test_selection_stats():
         selection_stats(values, torch.tensor([], dtype=torch.int64))
     with pytest.raises(ValueError, match="2-D"):
         selection_stats(values.reshape(-1), torch.tensor([0]))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# devices and threads
+
+
+@PROPERTY
+@given(value_matrices(max_rows=6, max_cols=12, max_total=60), st.data(), st.integers(0, 2**31 - 1))
+def test_cpu_numpy_order_equals_the_torch_sort_order(values, data, seed):
+    """float32 values go through the numpy sort of packed keys, float64 ones through torch's stable sorts: the
+    same values (exact in both) must give the same selection for the same generator state."""
+    values = values.float()
+    scope = data.draw(st.sampled_from(SCOPES))
+    rule = data.draw(st.sampled_from(RULES))
+    limit = values.shape[1] if scope == "intra" else values.numel()
+    keep = data.draw(st.integers(1, limit))
+    fast = select_rollouts(values, keep, scope=scope, rule=rule, generator=gen(seed))
+    reference = select_rollouts(values.double(), keep, scope=scope, rule=rule, generator=gen(seed))
+    assert torch.equal(fast, reference)
+
+
+def record_random_draws(monkeypatch):
+    """(function, device asked for, generator's device) of every torch.randperm / torch.rand call."""
+    calls = []
+    for name in ("randperm", "rand"):
+        real = getattr(torch, name)
+
+        def recording(*args, _real=real, _name=name, **kwargs):
+            generator = kwargs.get("generator")
+            calls.append((_name, torch.device(kwargs.get("device") or "cpu"), generator and generator.device))
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(torch, name, recording)
+    return calls
+
+
+@pytest.mark.parametrize("scope", SCOPES)
+@pytest.mark.parametrize("rule", RULES)
+def test_random_draws_happen_on_the_generators_device(monkeypatch, scope, rule):
+    calls = record_random_draws(monkeypatch)
+    values = torch.randint(0, 2, (6, 8)).float()
+    select_rollouts(values, 3 if scope == "intra" else 20, scope=scope, rule=rule, generator=gen(1))
+    assert calls and all(asked == generator for _, asked, generator in calls), calls
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("scope", SCOPES)
+@pytest.mark.parametrize("rule", RULES)
+def test_cuda_values_with_a_cpu_generator_select_as_on_cpu(scope, rule):
+    values = torch.randint(0, 3, (64, 16)).float()
+    keep = 5 if scope == "intra" else 300
+    on_cpu = select_rollouts(values, keep, scope=scope, rule=rule, generator=gen(7))
+    on_cuda = select_rollouts(values.cuda(), keep, scope=scope, rule=rule, generator=gen(7))
+    assert on_cuda.device.type == "cuda" and torch.equal(on_cuda.cpu(), on_cpu)
+
+
+def test_torch_threads_are_restored(monkeypatch):
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        select_rollouts(torch.randn(8, 8), 4, scope="intra", generator=gen(0))
+        assert torch.get_num_threads() == 2
+        with pytest.raises(ValueError):
+            select_rollouts(torch.full((2, 2), float("nan")), 1)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_draws_for_another_device_use_the_generator_and_move():
+    # "meta" stands in for an accelerator here (the CUDA test above checks the real thing): the values come from
+    # the generator's device and are moved
+    from d3s_openrlhf.core.selection import _rand, _randperm
+
+    perm = _randperm(5, gen(3), torch.device("meta"))
+    noise = _rand((2, 3), gen(3), torch.device("meta"))
+    assert perm.device.type == "meta" and noise.device.type == "meta"
+    assert torch.equal(_randperm(5, gen(3), torch.device("cpu")), torch.randperm(5, generator=gen(3)))
