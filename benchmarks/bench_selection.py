@@ -22,9 +22,12 @@ import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from d3s_openrlhf.core.selection import select_rollouts
@@ -77,6 +80,36 @@ def median_ms(fn, repeats: int, warmup: int) -> float:
     return statistics.median(times) * 1e3
 
 
+def contention_rows(repeats: int, default_threads: int):
+    """select_rollouts(randn(1024, 64), 16 * 1024, scope="cross") against one np.sort of the same 65,536 float32
+    values, timed alternately in this process: with one torch thread and with torch's default, on an idle machine
+    and with a busy-loop process on another core. Rows: (threads, load, select ms, np.sort ms)."""
+    values = torch.randn(1024, 64, generator=torch.Generator().manual_seed(1))
+    flat = values.numpy().reshape(-1)
+    generator = torch.Generator().manual_seed(2)
+    rows = []
+    for load in ("idle", "other core busy"):
+        busy = None
+        if load != "idle":
+            busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            time.sleep(0.5)
+        try:
+            for threads in sorted({1, default_threads}):
+                torch.set_num_threads(threads)
+                select_ms, sort_ms = [], []
+                for _ in range(repeats):
+                    select_ms.append(median_ms(lambda: select_rollouts(values, 16 * 1024, generator=generator), 1, 0))
+                    sort_ms.append(median_ms(lambda: np.sort(flat), 1, 0))
+                rows.append((threads, load, statistics.median(select_ms), statistics.median(sort_ms)))
+                print(f"  {threads} thread(s), {load}: select {rows[-1][2]:.3f} ms, np.sort {rows[-1][3]:.3f} ms")
+        finally:
+            if busy is not None:
+                busy.kill()
+                busy.wait()
+    torch.set_num_threads(default_threads)
+    return rows
+
+
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -93,11 +126,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=50, help="timed runs of select_rollouts per cell")
     parser.add_argument("--ref-repeats", type=int, default=5, help="timed runs of the reference per cell")
     parser.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch intra-op threads (default 1: on a shared 2-core machine a second thread that gets descheduled "
-        "makes every parallel op wait for it, which dominates the timings)",
+        "--threads", type=int, default=0, help="torch intra-op threads for the main table (0: torch's default)"
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", type=Path, default=RESULTS, help="results file (overwritten)")
@@ -105,7 +134,9 @@ def main() -> None:
         "--json", type=Path, default=RESULTS.parent / "results" / "selection.json", help="the rows, for report.py"
     )
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    default_threads = torch.get_num_threads()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     data_gen = torch.Generator().manual_seed(args.seed)
     select_gen = torch.Generator().manual_seed(args.seed + 1)
@@ -126,6 +157,8 @@ def main() -> None:
             rows.append((num_prompts, group_size, scope, keep, ours_ms, ref_ms))
             print(f"  B={num_prompts} G={group_size} {scope}: ours {ours_ms:.3f} ms, reference {ref_ms:.1f} ms")
 
+    contention = contention_rows(args.repeats, default_threads)
+
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     speedup = {(b, g, scope): ref_ms / ours_ms for b, g, scope, _, ours_ms, ref_ms in rows}
     cross_big_ms = next(ours_ms for b, g, scope, _, ours_ms, _ in rows if (b, g, scope) == (1024, 64, "cross"))
@@ -136,7 +169,7 @@ def main() -> None:
         "",
         f"- Date: {now}",
         f"- Machine: {cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__} "
-        f"({torch.get_num_threads()} intra-op threads), Python {platform.python_version()}; load average at the "
+        f"({args.threads or default_threads} intra-op threads in the main table), Python {platform.python_version()}; load average at the "
         f"end {os.getloadavg()[0]:.2f} (the machine is shared)",
         "- Values: float32 standard normal, shape (B, G). Keep: G/4 per prompt (intra), B*G/4 in total (cross).",
         f"- Median of {args.repeats} runs (ours) and {args.ref_repeats} runs (reference), after warm-up runs.",
@@ -153,13 +186,37 @@ def main() -> None:
         kept = num_prompts * keep if scope == "intra" else keep
         cells = (num_prompts, group_size, scope, kept, f"{ours_ms:.3f}", f"{ref_ms:.1f}", f"{ref_ms / ours_ms:,.0f}x")
         lines.append("| " + " | ".join(map(str, cells)) + " |")
+    lines += [
+        "",
+        "## Threads and load",
+        "",
+        "`select_rollouts(randn(1024, 64), 16 * 1024, scope=\"cross\")` against one `np.sort` of the same 65,536",
+        "float32 values, timed alternately in this process (medians of "
+        f"{args.repeats}); \"other core busy\" = a busy-loop process running beside it. Target: at most 3x the sort",
+        "at torch's default threads, idle and with the other core busy.",
+        "",
+        "| torch threads | load | select (ms) | np.sort (ms) | ratio |",
+        "|---:|:---|---:|---:|---:|",
+    ]
+    for threads, load, select_ms, sort_ms in contention:
+        lines.append(f"| {threads} | {load} | {select_ms:.3f} | {sort_ms:.3f} | {select_ms / sort_ms:.1f}x |")
     table = "\n".join(lines) + "\n"
     print()
     print(table)
     args.output.write_text(table)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     keys = ("prompts", "group", "scope", "keep", "ours_ms", "reference_ms")
-    args.json.write_text(json.dumps({"date": now, "rows": [dict(zip(keys, row)) for row in rows]}, indent=1))
+    contention_keys = ("threads", "load", "select_ms", "np_sort_ms")
+    args.json.write_text(
+        json.dumps(
+            {
+                "date": now,
+                "rows": [dict(zip(keys, row)) for row in rows],
+                "contention": [dict(zip(contention_keys, row)) for row in contention],
+            },
+            indent=1,
+        )
+    )
     print(f"written to {args.output} and {args.json}")
 
 

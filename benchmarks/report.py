@@ -301,7 +301,7 @@ def selection_section(selection, cost, learning_methods):
         "## 3. Selection overhead in context",
         "",
         f"Core benchmark (`.venv/bin/python benchmarks/bench_selection.py`, {selection['date']}, "
-        "[RESULTS_selection.md](RESULTS_selection.md)): exact max-variance selection of B x G rollouts, one thread.",
+        "[RESULTS_selection.md](RESULTS_selection.md)): exact max-variance selection of B x G rollouts, torch's default threads.",
         "",
         "| B x G | intra (ms) | cross (ms) |",
         "|:---|---:|---:|",
