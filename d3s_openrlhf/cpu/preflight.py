@@ -185,9 +185,10 @@ def review(args, num_gpus=8) -> Tuple[List[str], List[Change]]:
             args.critic.num_nodes,
             args.critic.num_gpus_per_node,
         ):
+            critic = f"{args.critic.num_nodes}/{args.critic.num_gpus_per_node}"
             problems.append(
                 "--train.colocate_critic_reward needs the same --reward.num_nodes/--reward.num_gpus_per_node as "
-                f"--critic.num_nodes/--critic.num_gpus_per_node ({args.critic.num_nodes}/{args.critic.num_gpus_per_node})"
+                f"--critic.num_nodes/--critic.num_gpus_per_node ({critic})"
             )
     try:
         runtime.check_gpu_demand(args, num_gpus)

@@ -113,7 +113,9 @@ def test_dense_equals_per_sequence_attention(batch, len_q, len_k, causal, dtype,
     k = torch.randn(batch, len_k, 2, 8, generator=gen).to(dtype)
     v = torch.randn(batch, len_k, 2, 8, generator=gen).to(dtype)
     out = flash_attn_func(q, k, v, causal=causal)
-    ref = torch.stack([reference_attention(q[b].double(), k[b].double(), v[b].double(), 8**-0.5, causal) for b in range(batch)])
+    ref = torch.stack(
+        [reference_attention(q[b].double(), k[b].double(), v[b].double(), 8**-0.5, causal) for b in range(batch)]
+    )
     atol, rtol = TOLERANCE[dtype]
     torch.testing.assert_close(out.double(), ref, atol=atol, rtol=rtol)
 

