@@ -7,11 +7,20 @@ e.g. ``python -m d3s_openrlhf.cli.cpu openrlhf.cli.train_ppo_ray --vllm.sync_bac
 address is given: ``--address`` or ``RAY_ADDRESS``), applies the CPU adjustments here and in every Ray
 worker (see :mod:`d3s_openrlhf.cpu`), runs the module as ``__main__`` and stops the head on any exit,
 errors and Ctrl-C included.
+
+For ``openrlhf.cli.train_ppo_ray`` and ``d3s_openrlhf.cli.train_ppo_ray`` the flags first go through the CPU
+pre-flight (:mod:`d3s_openrlhf.cpu.preflight`), before the head starts: flags the runtime cannot run are
+refused by name, or changed to their CPU equivalent with a note on stderr.
 """
 
 import argparse
+import os
 import runpy
 import sys
+
+# module -> whether its command line may hold --d3s.* flags
+PREFLIGHT_MODULES = {"openrlhf.cli.train_ppo_ray": False, "d3s_openrlhf.cli.train_ppo_ray": True}
+NO_RUN_FLAGS = ("-h", "--help", "--d3s.dry_run")  # the module only prints: nothing to check
 
 
 def parse(argv):
@@ -25,10 +34,19 @@ def parse(argv):
 
 def main(argv=None):
     options = parse(sys.argv[1:] if argv is None else argv)
-    from d3s_openrlhf.cpu import runtime
+    from d3s_openrlhf.cpu import preflight, runtime
 
+    args = options.args
+    # a head given by address is the user's: its GPUs are not checked
+    head_gpus = None if (options.address or os.environ.get("RAY_ADDRESS")) else options.num_gpus
+    if options.module in PREFLIGHT_MODULES and not any(flag in args for flag in NO_RUN_FLAGS):
+        try:
+            args = preflight.prepare(args, d3s_flags=PREFLIGHT_MODULES[options.module], num_gpus=head_gpus)
+        except ValueError as exc:
+            print(f"python -m d3s_openrlhf.cli.cpu: error: {exc}", file=sys.stderr)
+            raise SystemExit(2) from exc
     runtime.activate(address=options.address, num_gpus=options.num_gpus)
-    sys.argv = [options.module, *options.args]
+    sys.argv = [options.module, *args]
     try:
         runpy.run_module(options.module, run_name="__main__", alter_sys=True)
     finally:

@@ -30,6 +30,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 from d3s_openrlhf.core.advantages import ADVANTAGE_ESTIMATORS
 from d3s_openrlhf.core.batching import legal_kept_count
 from d3s_openrlhf.core.config import FLAG_PREFIX, D3SConfig
+from d3s_openrlhf.cpu import preflight as cpu_preflight
 from d3s_openrlhf.cpu import runtime as cpu_runtime
 
 UPSTREAM_MODULE = "openrlhf.cli.train_ppo_ray"
@@ -376,10 +377,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if config.dry_run:
         print(format_plan(config, plan))
         return
-    # D3S_OPENRLHF_CPU=1: a loopback Ray head with the CPU adjustments in every worker (no-op otherwise)
-    if cpu_runtime.requested():
+    # D3S_OPENRLHF_CPU=1: the CPU pre-flight of the host flags, then a loopback Ray head with the CPU adjustments
+    # in every worker (no-op otherwise). Under the CPU launcher both happened already.
+    if cpu_runtime.requested() and not cpu_runtime.active():
         try:
-            cpu_runtime.check_gpu_demand(host_args or parse_host_args(host_argv))
+            host_argv = cpu_preflight.prepare(host_argv)
         except ValueError as exc:
             print(f"{PROG}: error: {exc}", file=sys.stderr)
             raise SystemExit(2) from exc

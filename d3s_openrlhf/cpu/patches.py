@@ -17,6 +17,14 @@ What is adjusted, and why:
 - ``RolloutRayActor`` in ``openrlhf.trainer.ray.vllm_engine`` (driver only, where ``create_vllm_engines``
   runs): a subclass that loads the gloo weight-sync worker extension into vLLM (``create_vllm_engines``
   hard-codes OpenRLHF's NCCL one).
+- ``flash_attn.flash_attn_func`` / ``flash_attn_varlen_func`` (and the same names in
+  ``flash_attn.flash_attn_interface``): the pure-torch kernels of :mod:`d3s_openrlhf.cpu.flash_attn` instead of
+  the CUDA extension, which is absent.
+- ``is_flash_attn_2_available`` as transformers' flash-attention module reads it (its module global, used when
+  it imports the kernels, and its compatibility table's availability check, used when a model is loaded with
+  ``attn_implementation="flash_attention_2"``): true, since the stand-in kernels are there. Without it
+  transformers refuses flash-attention 2 on CPU, and OpenRLHF's default ``--ds.attn_implementation`` and its
+  sample packing (which forces it) could not run.
 
 Only attributes that are looked up at call time are replaced (``torch.cuda.*``, class attributes, and module
 globals read by plain classes' methods). Methods of OpenRLHF's ``@ray.remote`` classes reach the workers
@@ -164,6 +172,23 @@ def _patch_vllm_engine(module):
     module.RolloutRayActor = ray.remote(CPURolloutRayActor)
 
 
+def _patch_flash_attn(module):
+    from d3s_openrlhf.cpu import flash_attn as cpu_kernels
+
+    for target in (module, module.flash_attn_interface):
+        target.flash_attn_func = cpu_kernels.flash_attn_func
+        target.flash_attn_varlen_func = cpu_kernels.flash_attn_varlen_func
+
+
+def _flash_attn_2_available(*args, **kwargs):
+    return True
+
+
+def _patch_transformers_flash_attention(module):
+    module.is_flash_attn_2_available = _flash_attn_2_available
+    module.FLASH_ATTENTION_COMPATIBILITY_MATRIX[2]["general_availability_check"] = _flash_attn_2_available
+
+
 def apply():
     """Apply the adjustments every process needs (idempotent). This is the Ray ``worker_process_setup_hook``."""
     global _applied
@@ -175,6 +200,8 @@ def apply():
     when_imported("openrlhf.utils.deepspeed.deepspeed", _patch_deepspeed_strategy)
     when_imported("openrlhf.trainer.ppo_utils.replay_buffer", _patch_replay_buffer)
     when_imported("openrlhf.trainer.ray.ppo_actor", _patch_ppo_actor)
+    when_imported("flash_attn", _patch_flash_attn)
+    when_imported("transformers.modeling_flash_attention_utils", _patch_transformers_flash_attention)
 
 
 def apply_driver():

@@ -43,6 +43,11 @@ def requested():
     return os.environ.get(ENV_FLAG, "") == "1"
 
 
+def active():
+    """Whether :func:`activate` ran in this process (the CPU launcher activates before the module it runs)."""
+    return _state["active"]
+
+
 def activate_if_requested(**kwargs):
     """Activate the CPU runtime if ``D3S_OPENRLHF_CPU=1``; return whether it is active. For entrypoints."""
     if not requested():
@@ -69,13 +74,14 @@ def gpu_demand(args):
     return demand
 
 
-def check_gpu_demand(args):
+def check_gpu_demand(args, num_gpus=DEFAULT_FAKE_GPUS):
     """Raise ``ValueError`` naming the flags when the run would wait forever for GPUs on the local CPU head
-    (the one :func:`activate` started, or will start; a cluster given by address is not checked)."""
+    (the one :func:`activate` started, or will start with ``num_gpus``; None, or a cluster given by address:
+    not checked)."""
     if _state["active"]:
         num_gpus = _state["num_gpus"]
-    else:
-        num_gpus = None if os.environ.get("RAY_ADDRESS") else DEFAULT_FAKE_GPUS
+    elif os.environ.get("RAY_ADDRESS"):
+        num_gpus = None
     demand = gpu_demand(args)
     if num_gpus is None or demand is None or sum(demand.values()) <= num_gpus:
         return

