@@ -18,7 +18,8 @@ def expected_count(fraction, n):
 
 
 def reference_mask(advantages, entropy, action_mask, fraction, scope):
-    """Brute force: list the valid positions, sort by (score desc, row-major position asc), take the first k."""
+    """Brute force: list the valid positions, sort by (score desc, row-major position asc), take the first
+    ceil(K * n) and drop those with score 0 (they sort after every positive score)."""
     scores = (advantages.float().abs() * entropy.float()).tolist()
     mask = action_mask.bool().tolist()
     rows, cols = action_mask.shape
@@ -27,8 +28,8 @@ def reference_mask(advantages, entropy, action_mask, fraction, scope):
     for group in groups:
         cands = [(-scores[r][c], r, c) for r in group for c in range(cols) if mask[r][c]]
         cands.sort()
-        for _, r, c in cands[: expected_count(fraction, len(cands))]:
-            keep[r][c] = True
+        for negative_score, r, c in cands[: expected_count(fraction, len(cands))]:
+            keep[r][c] = negative_score < 0
     return torch.tensor(keep, dtype=torch.bool).reshape(rows, cols)
 
 
@@ -36,27 +37,30 @@ def reference_mask(advantages, entropy, action_mask, fraction, scope):
 def token_batches(draw):
     rows = draw(st.integers(1, 6))
     cols = draw(st.integers(1, 12))
-    # A small value pool creates many ties; continuous values exercise the ordering.
+    size = rows * cols
+    # A small value pool creates many ties (and many zeros); continuous values exercise the ordering.
     if draw(st.booleans()):
         values = st.sampled_from([-1.0, -0.5, 0.0, 0.5, 1.0])
     else:
         values = st.floats(-5, 5, allow_nan=False, width=32)
-    adv = draw(st.lists(values, min_size=rows * cols, max_size=rows * cols))
-    ent = draw(
-        st.lists(
-            st.sampled_from([0.0, 0.25, 1.0]) | st.floats(0, 4, allow_nan=False, width=32),
-            min_size=rows * cols,
-            max_size=rows * cols,
-        )
-    )
-    mask = draw(st.lists(st.booleans(), min_size=rows * cols, max_size=rows * cols))
+    entropies = st.sampled_from([0.0, 0.25, 1.0]) | st.floats(0, 4, allow_nan=False, width=32)
+    # zero-heavy regimes: every advantage 0 (zero-variance groups), every entropy 0, or mostly zeros
+    regime = draw(st.sampled_from(["mixed", "zero_advantages", "zero_entropy", "sparse"]))
+    if regime == "zero_advantages":
+        adv = [draw(st.sampled_from([0.0, -0.0]))] * size
+    elif regime == "sparse":
+        adv = draw(st.lists(st.sampled_from([0.0] * 5 + [1.0, -2.0]), min_size=size, max_size=size))
+    else:
+        adv = draw(st.lists(values, min_size=size, max_size=size))
+    if regime == "zero_entropy":
+        ent = [0.0] * size
+    else:
+        ent = draw(st.lists(entropies, min_size=size, max_size=size))
+    mask = torch.tensor(draw(st.lists(st.booleans(), min_size=size, max_size=size))).reshape(rows, cols)
+    empty_rows = draw(st.lists(st.booleans(), min_size=rows, max_size=rows))
+    mask[torch.tensor(empty_rows)] = False
     fraction = draw(st.floats(1e-6, 1.0) | st.sampled_from([0.05, 0.07, 0.1, 0.2, 0.25, 0.5, 0.7, 1.0]))
-    return (
-        torch.tensor(adv).reshape(rows, cols),
-        torch.tensor(ent).reshape(rows, cols),
-        torch.tensor(mask).reshape(rows, cols),
-        fraction,
-    )
+    return torch.tensor(adv).reshape(rows, cols), torch.tensor(ent).reshape(rows, cols), mask, fraction
 
 
 @PROPERTY
@@ -79,7 +83,9 @@ def test_count_order_and_masking_properties(batch, scope):
     for unit in units:
         unit_keep, unit_mask, unit_scores = keep[unit], mask[unit], scores[unit]
         n = int(unit_mask.sum())
-        assert int(unit_keep.sum()) == expected_count(fraction, n)
+        positives = int((unit_mask & (unit_scores > 0)).sum())
+        assert int(unit_keep.sum()) == min(expected_count(fraction, n), positives)
+        assert (unit_scores[unit_keep] > 0).all()
         dropped = unit_mask & ~unit_keep
         if unit_keep.any() and dropped.any():
             assert unit_scores[unit_keep].min() >= unit_scores[dropped].max()
@@ -92,7 +98,7 @@ def test_decimal_fractions_give_exact_ceilings(per_mille, n):
     adv = torch.ones(1, max(n, 1))
     mask = torch.zeros(1, max(n, 1), dtype=torch.bool)
     mask[0, :n] = True
-    keep = token_keep_mask(adv, torch.rand(1, max(n, 1)), mask, per_mille / 1000)
+    keep = token_keep_mask(adv, torch.rand(1, max(n, 1)) + 0.1, mask, per_mille / 1000)
     exact = -(-per_mille * n // 1000)
     assert int(keep.sum()) == (max(exact, 1) if n else 0)
 
@@ -100,9 +106,9 @@ def test_decimal_fractions_give_exact_ceilings(per_mille, n):
 def test_float_artifacts_do_not_add_a_token():
     assert 0.07 * 100 > 7  # the double product overshoots; the mask must still keep 7
     mask = torch.ones(1, 100, dtype=torch.bool)
-    keep = token_keep_mask(torch.ones(1, 100), torch.rand(1, 100), mask, 0.07)
+    keep = token_keep_mask(torch.ones(1, 100), torch.rand(1, 100) + 0.1, mask, 0.07)
     assert int(keep.sum()) == 7
-    keep = token_keep_mask(torch.ones(10, 10), torch.rand(10, 10), torch.ones(10, 10, dtype=torch.bool), 0.7,
+    keep = token_keep_mask(torch.ones(10, 10), torch.rand(10, 10) + 0.1, torch.ones(10, 10, dtype=torch.bool), 0.7,
                            scope="sequence")
     assert keep.sum(1).tolist() == [7] * 10
 
@@ -122,16 +128,34 @@ def test_known_example_both_scopes():
 
 def test_sequence_scope_keeps_at_least_one_per_non_empty_row():
     mask = torch.tensor([[True] * 5, [False] * 5, [True, False, False, False, False]])
-    keep = token_keep_mask(torch.randn(3, 5), torch.rand(3, 5), mask, 1e-9, scope="sequence")
+    keep = token_keep_mask(torch.randn(3, 5), torch.rand(3, 5) + 0.1, mask, 1e-9, scope="sequence")
     assert keep.sum(1).tolist() == [1, 0, 1]
 
 
-def test_fraction_one_keeps_exactly_the_action_mask_and_empty_mask_keeps_nothing():
+def test_fraction_one_keeps_the_positive_scores_and_empty_mask_keeps_nothing():
     mask = torch.rand(4, 9) > 0.5
+    adv = torch.randn(4, 9).masked_fill(torch.rand(4, 9) > 0.7, 0.0)
+    ent = torch.rand(4, 9).masked_fill(torch.rand(4, 9) > 0.8, 0.0)
     for scope in ("batch", "sequence"):
-        assert torch.equal(token_keep_mask(torch.randn(4, 9), torch.rand(4, 9), mask, 1.0, scope=scope), mask)
+        assert torch.equal(token_keep_mask(adv, ent, mask, 1.0, scope=scope), mask & (adv.abs() * ent > 0))
         empty = torch.zeros(4, 9, dtype=torch.bool)
         assert not token_keep_mask(torch.randn(4, 9), torch.rand(4, 9), empty, 0.3, scope=scope).any()
+
+
+def test_zero_score_tokens_never_fill_the_budget():
+    # Regression: the budget ceil(0.5 * 12) = 6 used to be filled with zero-score tokens by earliest position
+    # (a kept rollout with advantage 0 in row 1, an entropy-0 token in row 2), inflating the kept count.
+    adv = torch.tensor([[0.0, 0.0, 2.0, 0.0], [0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+    ent = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.5, 1.0, 1.0]])
+    mask = torch.ones(3, 4, dtype=torch.bool)
+    expected = torch.zeros(3, 4, dtype=torch.bool)
+    expected[0, 2] = expected[2, 1] = True
+    assert torch.equal(token_keep_mask(adv, ent, mask, 0.5), expected)
+    # sequence scope: 2 of each row's 4 tokens at most, row 1 (advantage 0 throughout) keeps none
+    assert torch.equal(token_keep_mask(adv, ent, mask, 0.5, scope="sequence"), expected)
+    for scope in ("batch", "sequence"):
+        assert not token_keep_mask(torch.zeros(3, 4), ent, mask, 0.5, scope=scope).any()
+        assert not token_keep_mask(adv, torch.zeros(3, 4), mask, 0.9, scope=scope).any()
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (1, 17), (17, 1), (3, 0), (0, 5)])
