@@ -77,6 +77,13 @@ def _validate(values: torch.Tensor, keep, scope: str, rule: str) -> int:
     return keep
 
 
+def _draw_device(generator, x: torch.Tensor) -> torch.device:
+    """Where random numbers are drawn: on the generator's device (a CPU generator cannot draw on CUDA and the
+    same generator state must give the same selection whatever the values' device); without a generator,
+    on the values' device, from torch's default generator for that device."""
+    return x.device if generator is None else generator.device
+
+
 def _order_preserving_bits(x: torch.Tensor) -> torch.Tensor:
     """Integer keys with the same order as the float values of x, exactly.
 
@@ -103,7 +110,8 @@ def _ascending_order(x: torch.Tensor, generator) -> torch.Tensor:
     """
     rows, n = x.shape
     index_dtype = torch.int32 if rows * n <= torch.iinfo(torch.int32).max else torch.int64  # less to move
-    order = torch.randperm(rows * n, generator=generator, dtype=index_dtype, device=x.device)
+    order = torch.randperm(rows * n, generator=generator, dtype=index_dtype, device=_draw_device(generator, x))
+    order = order.to(x.device)
     key = _order_preserving_bits(x).reshape(-1)
     order = order.index_select(0, key.index_select(0, order).sort(stable=True).indices)
     if rows > 1:
@@ -128,7 +136,7 @@ def _max_var_split(ends: torch.Tensor, m: int, generator) -> torch.Tensor:
     s1, s2 = p[..., : m + 1] - p[..., w - m :] + p[..., w:]
     score = torch.addcmul(m * s2, s1, s1, value=-1)  # (R, m + 1): m * S2 - S1^2 = m^2 * Var(S_i)
     threshold = score.amax(dim=1, keepdim=True) - _SCORE_RTOL * m * p[1, :, w:]
-    tie_key = torch.rand(score.shape, generator=generator, device=x.device)
+    tie_key = torch.rand(score.shape, generator=generator, device=_draw_device(generator, x)).to(x.device)
     return tie_key.masked_fill_(score < threshold, -1.0).argmax(dim=1)
 
 
@@ -173,8 +181,10 @@ def select_rollouts(
         scope: ``"intra"`` (select within each row) or ``"cross"`` (select from the pooled B*G values).
         rule: ``"max_var"`` (exact maximum-variance subset, see the module docstring), ``"max_reward"``
             (the ``keep`` largest values) or ``"random"`` (uniform without replacement).
-        generator: source of all randomness (tie-breaking order, tied optima, the random rule); the same
-            generator state gives the same result. None uses torch's global generator.
+        generator: source of all randomness (tie-breaking order, tied optima, the random rule), on any device
+            (the draws happen there and are moved to ``values.device``); the same generator state gives the
+            same result whatever the device of ``values``. None uses torch's default generator of
+            ``values.device``.
 
     Returns:
         1-D int64 tensor on ``values.device`` of sorted flat indices into ``values.reshape(-1)``: B*keep

@@ -386,3 +386,62 @@ def test_selection_stats():
         selection_stats(values, torch.tensor([], dtype=torch.int64))
     with pytest.raises(ValueError, match="2-D"):
         selection_stats(values.reshape(-1), torch.tensor([0]))
+
+
+# ── devices ──
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
+
+
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("scope", SCOPES)
+@pytest.mark.parametrize("generator_device", DEVICES)
+@pytest.mark.parametrize("device", DEVICES)
+def test_same_generator_state_gives_the_same_selection_on_every_device(device, generator_device, scope, rule):
+    # heavy ties (binary rewards) and continuous values; the CPU values give the expected selection
+    values = torch.cat([torch.randint(0, 2, (6, 16), generator=gen(1)).float(), torch.randn(6, 16, generator=gen(2))])
+    keep = 5 if scope == "intra" else 40
+    for seed in range(5):
+        expected = select_rollouts(
+            values, keep, scope=scope, rule=rule, generator=torch.Generator(generator_device).manual_seed(seed)
+        )
+        got = select_rollouts(
+            values.to(device), keep, scope=scope, rule=rule,
+            generator=torch.Generator(generator_device).manual_seed(seed),
+        )
+        assert got.device == torch.device(device) if device == "cpu" else got.device.type == device
+        assert torch.equal(got.cpu(), expected)
+
+
+def recording_draws(monkeypatch):
+    """Wrap torch.randperm and torch.rand (the real functions run) with a check that every draw is made on
+    the device of the generator given; returns the list of devices drawn on."""
+    draws = []
+
+    def recording(draw):
+        def wrapper(*args, generator, device=None, **kwargs):
+            assert torch.device(device if device is not None else "cpu") == generator.device
+            out = draw(*args, generator=generator, device=device, **kwargs)
+            draws.append(out.device)
+            return out
+
+        return wrapper
+
+    monkeypatch.setattr(torch, "randperm", recording(torch.randperm))
+    monkeypatch.setattr(torch, "rand", recording(torch.rand))
+    return draws
+
+
+def test_every_random_draw_happens_on_the_generator_device(monkeypatch):
+    import d3s_openrlhf.core.selection as selection
+
+    draws = recording_draws(monkeypatch)
+    values = torch.randint(0, 2, (6, 8), generator=gen(0)).float()
+    for scope, rule in itertools.product(SCOPES, RULES):
+        select_rollouts(values, 3, scope=scope, rule=rule, generator=gen(0))
+    assert len(draws) == 2 * 3 + 2  # a permutation per call, tied-split keys per max_var call
+    # Values on a device that is not the generator's (meta stands in for CUDA on a machine without one: the
+    # same torch path runs, only the data is absent): the draws still happen on the CPU generator.
+    kept = selection._select(torch.empty(6, 8, device="meta"), 3, "intra", "max_var", gen(0))
+    assert kept.device.type == "meta" and kept.shape == (18,)
+    assert draws[-2:] == [torch.device("cpu")] * 2

@@ -226,3 +226,17 @@ def test_metrics():
     assert empty["kept_fraction"] == 0.0 and empty["entropy_mean_all"] == 0.0 and empty["entropy_mean_kept"] == 0.0
     with pytest.raises(ValueError, match="same shape"):
         token_mask_metrics(keep, mask[:1], ent)
+
+
+@pytest.mark.parametrize(
+    "device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
+)
+@pytest.mark.parametrize("scope", ["batch", "sequence"])
+def test_same_mask_on_every_device(device, scope):
+    adv = torch.randint(-1, 2, (6, 20)).float() * torch.rand(6, 1)
+    ent = torch.rand(6, 20).masked_fill(torch.rand(6, 20) > 0.8, 0.0)
+    mask = torch.rand(6, 20) > 0.2
+    for fraction in (0.05, 0.3, 0.9, 1.0):
+        expected = reference_mask(adv, ent, mask, fraction, scope)
+        got = token_keep_mask(adv.to(device), ent.to(device), mask.to(device), fraction, scope=scope)
+        assert got.device.type == device and torch.equal(got.cpu(), expected)
