@@ -445,3 +445,20 @@ def test_every_random_draw_happens_on_the_generator_device(monkeypatch):
     kept = selection._select(torch.empty(6, 8, device="meta"), 3, "intra", "max_var", gen(0))
     assert kept.device.type == "meta" and kept.shape == (18,)
     assert draws[-2:] == [torch.device("cpu")] * 2
+
+
+def test_thread_setting_is_restored_and_does_not_change_the_selection():
+    values = torch.randint(0, 3, (256, 256), generator=gen(0)).float()  # above torch's 32768-element grain
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            results.append(select_rollouts(values, 20000, scope="cross", generator=gen(1)))
+            assert torch.get_num_threads() == threads
+            with pytest.raises(ValueError):
+                select_rollouts(values, 0, scope="cross")
+            assert torch.get_num_threads() == threads
+        assert torch.equal(results[0], results[1])
+    finally:
+        torch.set_num_threads(before)
