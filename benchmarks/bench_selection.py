@@ -6,6 +6,11 @@ Run from the repository root:
 
 It prints a markdown table and overwrites benchmarks/RESULTS_selection.md with it.
 
+Second part (threads and load): select_rollouts(randn(1024, 64), 16 * 1024, scope="cross") as a ratio to one
+np.sort of the same 65,536 float32 values, both timed alternately in this process: with one torch thread, with
+torch's default thread setting, and with the default setting while a busy-loop process (started here) keeps
+another core busy. Median and p95 over --load-repeats runs. Target: ratio <= 3 idle and loaded.
+
 The reference is written here after the description of PODS's published code in issue 2: a Python loop
 over the groups; in each group a sort, then every split i = 0..m is scored by building the candidate subset
 (the i smallest and the m - i largest values: torch.cat) and computing its variance (torch.var, .item()),
@@ -22,9 +27,12 @@ import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from d3s_openrlhf.core.selection import select_rollouts
@@ -77,6 +85,56 @@ def median_ms(fn, repeats: int, warmup: int) -> float:
     return statistics.median(times) * 1e3
 
 
+def ratio_to_np_sort(values: torch.Tensor, keep: int, generator, repeats: int) -> dict:
+    """Median and p95 (ms) of select_rollouts(cross) and of np.sort of the same values, timed alternately, and
+    the ratio of the medians and of the p95s."""
+    flat = values.reshape(-1).numpy().copy()
+    ours, sort = [], []
+    for i in range(repeats + 10):
+        start = time.perf_counter()
+        select_rollouts(values, keep, scope="cross", generator=generator)
+        middle = time.perf_counter()
+        np.sort(flat)
+        end = time.perf_counter()
+        if i >= 10:  # warm-up
+            ours.append(middle - start)
+            sort.append(end - middle)
+    def q(xs, p):
+        return sorted(xs)[min(len(xs) - 1, int(p * len(xs)))] * 1e3
+    row = {"ours_ms": q(ours, 0.5), "ours_p95_ms": q(ours, 0.95), "sort_ms": q(sort, 0.5), "sort_p95_ms": q(sort, 0.95)}
+    row["ratio"] = row["ours_ms"] / row["sort_ms"]
+    row["ratio_p95"] = row["ours_p95_ms"] / row["sort_p95_ms"]
+    return row
+
+
+def thread_and_load_rows(repeats: int, seed: int) -> list:
+    values = torch.randn(1024, 64, generator=torch.Generator().manual_seed(seed))
+    generator = torch.Generator().manual_seed(seed + 1)
+    default_threads = torch.get_num_threads()
+    rows = []
+    try:
+        torch.set_num_threads(1)
+        rows.append({"setting": "1 thread, idle", **ratio_to_np_sort(values, 16 * 1024, generator, repeats)})
+    finally:
+        torch.set_num_threads(default_threads)
+    rows.append(
+        {"setting": f"default ({default_threads} threads), idle", **ratio_to_np_sort(values, 16 * 1024, generator, repeats)}
+    )
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.5)
+        rows.append(
+            {
+                "setting": f"default ({default_threads} threads), busy loop beside",
+                **ratio_to_np_sort(values, 16 * 1024, generator, repeats),
+            }
+        )
+    finally:
+        busy.kill()
+        busy.wait()
+    return rows
+
+
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -99,12 +157,17 @@ def main() -> None:
         help="torch intra-op threads (default 1: on a shared 2-core machine a second thread that gets descheduled "
         "makes every parallel op wait for it, which dominates the timings)",
     )
+    parser.add_argument("--load-repeats", type=int, default=300, help="timed runs per thread/load setting")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", type=Path, default=RESULTS, help="results file (overwritten)")
     parser.add_argument(
         "--json", type=Path, default=RESULTS.parent / "results" / "selection.json", help="the rows, for report.py"
     )
     args = parser.parse_args()
+    load_rows = thread_and_load_rows(args.load_repeats, args.seed)
+    for row in load_rows:
+        print(f"  {row['setting']}: {row['ours_ms']:.3f} ms (p95 {row['ours_p95_ms']:.3f}), np.sort "
+              f"{row['sort_ms']:.3f} ms (p95 {row['sort_p95_ms']:.3f}); ratio {row['ratio']:.1f} (p95 {row['ratio_p95']:.1f})")
     torch.set_num_threads(args.threads)
 
     data_gen = torch.Generator().manual_seed(args.seed)
@@ -153,13 +216,28 @@ def main() -> None:
         kept = num_prompts * keep if scope == "intra" else keep
         cells = (num_prompts, group_size, scope, kept, f"{ours_ms:.3f}", f"{ref_ms:.1f}", f"{ref_ms / ours_ms:,.0f}x")
         lines.append("| " + " | ".join(map(str, cells)) + " |")
+    lines += [
+        "",
+        "## Threads and load: (1024, 64) cross as a ratio to one np.sort of the same 65,536 float32 values",
+        "",
+        f"Both timed alternately in one process, {args.load_repeats} runs each after 10 warm-up runs; the busy loop",
+        "is a `python -c 'while True: pass'` process started by the benchmark. Target: ratio <= 3.",
+        "",
+        "| setting | ours median (ms) | ours p95 (ms) | np.sort median (ms) | np.sort p95 (ms) | ratio median | ratio p95 |",
+        "|:---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in load_rows:
+        lines.append(
+            f"| {row['setting']} | {row['ours_ms']:.3f} | {row['ours_p95_ms']:.3f} | {row['sort_ms']:.3f} | "
+            f"{row['sort_p95_ms']:.3f} | {row['ratio']:.1f} | {row['ratio_p95']:.1f} |"
+        )
     table = "\n".join(lines) + "\n"
     print()
     print(table)
     args.output.write_text(table)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     keys = ("prompts", "group", "scope", "keep", "ours_ms", "reference_ms")
-    args.json.write_text(json.dumps({"date": now, "rows": [dict(zip(keys, row)) for row in rows]}, indent=1))
+    args.json.write_text(json.dumps({"date": now, "rows": [dict(zip(keys, row)) for row in rows], "threads_and_load": load_rows}, indent=1))
     print(f"written to {args.output} and {args.json}")
 
 
