@@ -70,7 +70,7 @@ def intra_counts(
     Every prompt keeps ``n``; the r = kept - n * num_prompts (0 <= r <= num_prompts) remaining rollouts go one
     each to r distinct prompts drawn uniformly without replacement from ``generator`` (the global RNG when
     None), so which prompts get the extra one does not depend on their position in the batch. The generator is
-    only advanced when r > 0.
+    only advanced when r > 0; it may live on any device (the draw happens there), the counts are on the CPU.
     """
     kept = _int_arg("kept", kept, 0)
     n = _int_arg("n", n, 0)
@@ -83,5 +83,6 @@ def intra_counts(
         )
     counts = torch.full((num_prompts,), n, dtype=torch.long)
     if extra:
-        counts[torch.randperm(num_prompts, generator=generator)[:extra]] += 1
+        device = "cpu" if generator is None else generator.device
+        counts[torch.randperm(num_prompts, generator=generator, device=device)[:extra].cpu()] += 1
     return counts

@@ -3,14 +3,15 @@
 Rules (shared by both scopes):
 
 * Only positions where ``action_mask`` is true are candidates; the others are never kept.
-* Budget: k = ceil(K * n) for n candidate tokens (the whole batch for ``scope="batch"``, each row for
+* Budget: b = ceil(K * n) for n candidate tokens (the whole batch for ``scope="batch"``, each row for
   ``scope="sequence"``), and at least 1 whenever n >= 1. K is read as the nearest fraction with a denominator
   of at most 10**6 (exact for every decimal with up to six places), so the ceiling is computed exactly:
   K = 0.07 of 100 tokens keeps 7, not the 8 that the binary double 0.07 * 100 = 7.000000000000001 would give.
-* Zero scores: a token whose score is not > 0 (advantage 0, entropy 0) carries no policy-gradient signal and is
-  never kept, so at most min(k, candidates with a positive score) tokens are kept; a batch whose advantages are
-  all 0 keeps none. (Keeping them would only inflate the kept-token normaliser.) ``fraction=1`` therefore keeps
-  every candidate with a positive score; the OpenRLHF integration builds no mask at all at K = 1.
+* Signal: a token whose score is not > 0 (advantage 0, entropy 0) carries no policy-gradient signal and is
+  never kept, so k = min(b, number of candidates with score > 0): the budget is not filled up with zero-score
+  tokens, which would only inflate the kept-token normaliser. K = 1 therefore keeps every candidate with a
+  positive score, not the whole action_mask; "no token mask" (upstream's loss) is the caller's K = 1 path,
+  which does not call this function.
 * Order: every kept token's score is >= every dropped candidate's score. Among tokens tied at the cut-off
   score the earliest positions win (row-major order: lower row first, then lower column), i.e. the result is
   what a stable descending sort followed by taking the first k gives. The rule is deterministic and needs no
@@ -70,15 +71,13 @@ def token_keep_mask(
     *,
     scope: str = "batch",
 ) -> torch.Tensor:
-    """Bool (S, T) mask of the tokens kept for the policy-gradient term (see the module docstring):
-    at most ceil(K * n) of the n ``action_mask`` tokens, the highest scores |A_{i,t}| * H_{i,t} (D3S's token-level
-    rule), never a token with score 0.
+    """Bool (S, T) mask of the tokens kept for the policy-gradient term (see the module docstring).
 
     Args:
         advantages: (S, T) per-token advantages A_{i,t}.
         entropy: (S, T) per-token policy entropy H_{i,t}.
         action_mask: (S, T) response-token mask (bool; other dtypes: nonzero = valid).
-        fraction: K in (0, 1]; 1 keeps every valid token.
+        fraction: K in (0, 1]; 1 keeps every valid token with a positive score.
         scope: "batch" (one budget over all rows) or "sequence" (a budget per row).
     """
     mask = _validate(advantages, entropy, action_mask, fraction, scope)
@@ -93,15 +92,16 @@ def token_keep_mask(
 
 def _batch_mask(scores: torch.Tensor, mask: torch.Tensor, fraction: float) -> torch.Tensor:
     flat_scores = scores.reshape(-1)
-    flat_mask = mask.reshape(-1) & (flat_scores > 0)  # zero scores are never kept
-    candidates = flat_scores[flat_mask]
-    total = candidates.numel()
-    keep = min(int(_keep_counts(fraction, mask.sum())), total)
+    flat_mask = mask.reshape(-1)
+    signal = flat_mask & (flat_scores > 0)
+    positives = flat_scores[signal]
+    total = positives.numel()
+    keep = min(int(_keep_counts(fraction, flat_mask.sum().cpu())), total)
     if keep == total:
-        return flat_mask.reshape(mask.shape)
-    # The keep-th largest candidate score is the cut-off; the strictly larger ones are all kept, and the
+        return signal.reshape(mask.shape)
+    # The keep-th largest positive score is the cut-off; the strictly larger ones are all kept, and the
     # remaining places go to the earliest positions that tie with the cut-off.
-    cutoff = torch.kthvalue(candidates, total - keep + 1).values
+    cutoff = torch.kthvalue(positives, total - keep + 1).values
     above = flat_mask & (flat_scores > cutoff)
     places_left = keep - int(above.sum())
     tied = flat_mask & (flat_scores == cutoff)
@@ -110,10 +110,11 @@ def _batch_mask(scores: torch.Tensor, mask: torch.Tensor, fraction: float) -> to
 
 
 def _sequence_mask(scores: torch.Tensor, mask: torch.Tensor, fraction: float) -> torch.Tensor:
-    positive = mask & (scores > 0)  # zero scores are never kept
-    keep_per_row = torch.minimum(_keep_counts(fraction, mask.sum(dim=1)), positive.sum(dim=1))
-    # Non-candidates sort last (all candidate scores are finite); the stable sort puts ties in column order.
-    keys = scores.masked_fill(~positive, float("-inf"))
+    signal = mask & (scores > 0)
+    keep_per_row = torch.minimum(_keep_counts(fraction, mask.sum(dim=1)), signal.sum(dim=1))
+    # Positive scores sort first, in descending order (the others are -inf); the stable sort puts ties in
+    # column order.
+    keys = scores.masked_fill(~signal, float("-inf"))
     order = torch.sort(keys, dim=1, descending=True, stable=True).indices
     rank = torch.arange(mask.shape[1], device=mask.device)
     kept_in_sorted_order = rank.unsqueeze(0) < keep_per_row.unsqueeze(1)

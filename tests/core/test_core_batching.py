@@ -159,3 +159,24 @@ def test_intra_counts_global_rng_when_no_generator():
 def test_intra_counts_rejects(args, fragment):
     with pytest.raises(ValueError, match=fragment):
         intra_counts(*args, generator=None)
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_intra_counts_draws_on_the_generator_device(device, monkeypatch):
+    draws = []
+    randperm = torch.randperm
+
+    def recording_randperm(*args, generator, device=None, **kwargs):
+        # the real randperm runs; the wrapper only checks that it draws on the generator's device
+        assert torch.device(device if device is not None else "cpu") == generator.device
+        draws.append(device)
+        return randperm(*args, generator=generator, device=device, **kwargs)
+
+    expected = intra_counts(8 * 2 + 3, 2, 8, torch.Generator(device).manual_seed(5))
+    monkeypatch.setattr(torch, "randperm", recording_randperm)
+    counts = intra_counts(8 * 2 + 3, 2, 8, torch.Generator(device).manual_seed(5))
+    assert len(draws) == 1
+    assert counts.device == torch.device("cpu") and torch.equal(counts, expected)

@@ -388,15 +388,87 @@ def test_selection_stats():
         selection_stats(values.reshape(-1), torch.tensor([0]))
 
 
-# --------------------------------------------------------------------------------------------------------------
-# devices and threads
+# ── devices ──
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
+
+
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("scope", SCOPES)
+@pytest.mark.parametrize("generator_device", DEVICES)
+@pytest.mark.parametrize("device", DEVICES)
+def test_same_generator_state_gives_the_same_selection_on_every_device(device, generator_device, scope, rule):
+    # heavy ties (binary rewards) and continuous values; the CPU values give the expected selection
+    values = torch.cat([torch.randint(0, 2, (6, 16), generator=gen(1)).float(), torch.randn(6, 16, generator=gen(2))])
+    keep = 5 if scope == "intra" else 40
+    for seed in range(5):
+        expected = select_rollouts(
+            values, keep, scope=scope, rule=rule, generator=torch.Generator(generator_device).manual_seed(seed)
+        )
+        got = select_rollouts(
+            values.to(device), keep, scope=scope, rule=rule,
+            generator=torch.Generator(generator_device).manual_seed(seed),
+        )
+        assert got.device == torch.device(device) if device == "cpu" else got.device.type == device
+        assert torch.equal(got.cpu(), expected)
+
+
+def recording_draws(monkeypatch):
+    """Wrap torch.randperm and torch.rand (the real functions run) with a check that every draw is made on
+    the device of the generator given; returns the list of devices drawn on."""
+    draws = []
+
+    def recording(draw):
+        def wrapper(*args, generator, device=None, **kwargs):
+            assert torch.device(device if device is not None else "cpu") == generator.device
+            out = draw(*args, generator=generator, device=device, **kwargs)
+            draws.append(out.device)
+            return out
+
+        return wrapper
+
+    monkeypatch.setattr(torch, "randperm", recording(torch.randperm))
+    monkeypatch.setattr(torch, "rand", recording(torch.rand))
+    return draws
+
+
+def test_every_random_draw_happens_on_the_generator_device(monkeypatch):
+    import d3s_openrlhf.core.selection as selection
+
+    draws = recording_draws(monkeypatch)
+    values = torch.randint(0, 2, (6, 8), generator=gen(0)).float()
+    for scope, rule in itertools.product(SCOPES, RULES):
+        select_rollouts(values, 3, scope=scope, rule=rule, generator=gen(0))
+    assert len(draws) == 2 * 3 + 2  # a permutation per call, tied-split keys per max_var call
+    # Values on a device that is not the generator's (meta stands in for CUDA on a machine without one: the
+    # same torch path runs, only the data is absent): the draws still happen on the CPU generator.
+    kept = selection._select(torch.empty(6, 8, device="meta"), 3, "intra", "max_var", gen(0))
+    assert kept.device.type == "meta" and kept.shape == (18,)
+    assert draws[-2:] == [torch.device("cpu")] * 2
+
+
+def test_thread_setting_is_restored_and_does_not_change_the_selection():
+    values = torch.randint(0, 3, (256, 256), generator=gen(0)).float()  # above torch's 32768-element grain
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            results.append(select_rollouts(values, 20000, scope="cross", generator=gen(1)))
+            assert torch.get_num_threads() == threads
+            with pytest.raises(ValueError):
+                select_rollouts(values, 0, scope="cross")
+            assert torch.get_num_threads() == threads
+        assert torch.equal(results[0], results[1])
+    finally:
+        torch.set_num_threads(before)
 
 
 @PROPERTY
 @given(value_matrices(max_rows=6, max_cols=12, max_total=60), st.data(), st.integers(0, 2**31 - 1))
 def test_cpu_numpy_order_equals_the_torch_sort_order(values, data, seed):
-    """float32 values go through the numpy sort of packed keys, float64 ones through torch's stable sorts: the
-    same values (exact in both) must give the same selection for the same generator state."""
+    """float32 values on CPU go through the numpy sort of packed keys, float64 ones through torch's stable sorts:
+    the same values (exact in both) must give the same selection for the same generator state."""
     values = values.float()
     scope = data.draw(st.sampled_from(SCOPES))
     rule = data.draw(st.sampled_from(RULES))
@@ -405,62 +477,3 @@ def test_cpu_numpy_order_equals_the_torch_sort_order(values, data, seed):
     fast = select_rollouts(values, keep, scope=scope, rule=rule, generator=gen(seed))
     reference = select_rollouts(values.double(), keep, scope=scope, rule=rule, generator=gen(seed))
     assert torch.equal(fast, reference)
-
-
-def record_random_draws(monkeypatch):
-    """(function, device asked for, generator's device) of every torch.randperm / torch.rand call."""
-    calls = []
-    for name in ("randperm", "rand"):
-        real = getattr(torch, name)
-
-        def recording(*args, _real=real, _name=name, **kwargs):
-            generator = kwargs.get("generator")
-            calls.append((_name, torch.device(kwargs.get("device") or "cpu"), generator and generator.device))
-            return _real(*args, **kwargs)
-
-        monkeypatch.setattr(torch, name, recording)
-    return calls
-
-
-@pytest.mark.parametrize("scope", SCOPES)
-@pytest.mark.parametrize("rule", RULES)
-def test_random_draws_happen_on_the_generators_device(monkeypatch, scope, rule):
-    calls = record_random_draws(monkeypatch)
-    values = torch.randint(0, 2, (6, 8)).float()
-    select_rollouts(values, 3 if scope == "intra" else 20, scope=scope, rule=rule, generator=gen(1))
-    assert calls and all(asked == generator for _, asked, generator in calls), calls
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-@pytest.mark.parametrize("scope", SCOPES)
-@pytest.mark.parametrize("rule", RULES)
-def test_cuda_values_with_a_cpu_generator_select_as_on_cpu(scope, rule):
-    values = torch.randint(0, 3, (64, 16)).float()
-    keep = 5 if scope == "intra" else 300
-    on_cpu = select_rollouts(values, keep, scope=scope, rule=rule, generator=gen(7))
-    on_cuda = select_rollouts(values.cuda(), keep, scope=scope, rule=rule, generator=gen(7))
-    assert on_cuda.device.type == "cuda" and torch.equal(on_cuda.cpu(), on_cpu)
-
-
-def test_torch_threads_are_restored(monkeypatch):
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        select_rollouts(torch.randn(8, 8), 4, scope="intra", generator=gen(0))
-        assert torch.get_num_threads() == 2
-        with pytest.raises(ValueError):
-            select_rollouts(torch.full((2, 2), float("nan")), 1)
-        assert torch.get_num_threads() == 2
-    finally:
-        torch.set_num_threads(threads)
-
-
-def test_draws_for_another_device_use_the_generator_and_move():
-    # "meta" stands in for an accelerator here (the CUDA test above checks the real thing): the values come from
-    # the generator's device and are moved
-    from d3s_openrlhf.core.selection import _rand, _randperm
-
-    perm = _randperm(5, gen(3), torch.device("meta"))
-    noise = _rand((2, 3), gen(3), torch.device("meta"))
-    assert perm.device.type == "meta" and noise.device.type == "meta"
-    assert torch.equal(_randperm(5, gen(3), torch.device("cpu")), torch.randperm(5, generator=gen(3)))

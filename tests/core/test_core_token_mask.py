@@ -18,19 +18,18 @@ def expected_count(fraction, n):
 
 
 def reference_mask(advantages, entropy, action_mask, fraction, scope):
-    """Brute force: the budget counts every valid position; list the valid positions with a positive score, sort
-    by (score desc, row-major position asc), take the first min(budget, their number)."""
+    """Brute force: list the valid positions, sort by (score desc, row-major position asc), take the first
+    ceil(K * n) and drop those with score 0 (they sort after every positive score)."""
     scores = (advantages.float().abs() * entropy.float()).tolist()
     mask = action_mask.bool().tolist()
     rows, cols = action_mask.shape
     keep = [[False] * cols for _ in range(rows)]
     groups = [list(range(rows))] if scope == "batch" else [[r] for r in range(rows)]
     for group in groups:
-        valid = sum(mask[r][c] for r in group for c in range(cols))
-        cands = [(-scores[r][c], r, c) for r in group for c in range(cols) if mask[r][c] and scores[r][c] > 0]
+        cands = [(-scores[r][c], r, c) for r in group for c in range(cols) if mask[r][c]]
         cands.sort()
-        for _, r, c in cands[: expected_count(fraction, valid)]:
-            keep[r][c] = True
+        for negative_score, r, c in cands[: expected_count(fraction, len(cands))]:
+            keep[r][c] = negative_score < 0
     return torch.tensor(keep, dtype=torch.bool).reshape(rows, cols)
 
 
@@ -38,27 +37,30 @@ def reference_mask(advantages, entropy, action_mask, fraction, scope):
 def token_batches(draw):
     rows = draw(st.integers(1, 6))
     cols = draw(st.integers(1, 12))
-    # A small value pool creates many ties; continuous values exercise the ordering.
+    size = rows * cols
+    # A small value pool creates many ties (and many zeros); continuous values exercise the ordering.
     if draw(st.booleans()):
         values = st.sampled_from([-1.0, -0.5, 0.0, 0.5, 1.0])
     else:
         values = st.floats(-5, 5, allow_nan=False, width=32)
-    adv = draw(st.lists(values, min_size=rows * cols, max_size=rows * cols))
-    ent = draw(
-        st.lists(
-            st.sampled_from([0.0, 0.25, 1.0]) | st.floats(0, 4, allow_nan=False, width=32),
-            min_size=rows * cols,
-            max_size=rows * cols,
-        )
-    )
-    mask = draw(st.lists(st.booleans(), min_size=rows * cols, max_size=rows * cols))
+    entropies = st.sampled_from([0.0, 0.25, 1.0]) | st.floats(0, 4, allow_nan=False, width=32)
+    # zero-heavy regimes: every advantage 0 (zero-variance groups), every entropy 0, or mostly zeros
+    regime = draw(st.sampled_from(["mixed", "zero_advantages", "zero_entropy", "sparse"]))
+    if regime == "zero_advantages":
+        adv = [draw(st.sampled_from([0.0, -0.0]))] * size
+    elif regime == "sparse":
+        adv = draw(st.lists(st.sampled_from([0.0] * 5 + [1.0, -2.0]), min_size=size, max_size=size))
+    else:
+        adv = draw(st.lists(values, min_size=size, max_size=size))
+    if regime == "zero_entropy":
+        ent = [0.0] * size
+    else:
+        ent = draw(st.lists(entropies, min_size=size, max_size=size))
+    mask = torch.tensor(draw(st.lists(st.booleans(), min_size=size, max_size=size))).reshape(rows, cols)
+    empty_rows = draw(st.lists(st.booleans(), min_size=rows, max_size=rows))
+    mask[torch.tensor(empty_rows)] = False
     fraction = draw(st.floats(1e-6, 1.0) | st.sampled_from([0.05, 0.07, 0.1, 0.2, 0.25, 0.5, 0.7, 1.0]))
-    return (
-        torch.tensor(adv).reshape(rows, cols),
-        torch.tensor(ent).reshape(rows, cols),
-        torch.tensor(mask).reshape(rows, cols),
-        fraction,
-    )
+    return torch.tensor(adv).reshape(rows, cols), torch.tensor(ent).reshape(rows, cols), mask, fraction
 
 
 @PROPERTY
@@ -81,9 +83,9 @@ def test_count_order_and_masking_properties(batch, scope):
     for unit in units:
         unit_keep, unit_mask, unit_scores = keep[unit], mask[unit], scores[unit]
         n = int(unit_mask.sum())
-        positive = int((unit_mask & (unit_scores > 0)).sum())
-        assert int(unit_keep.sum()) == min(expected_count(fraction, n), positive)
-        assert bool((unit_scores[unit_keep] > 0).all())  # no zero-score token is kept
+        positives = int((unit_mask & (unit_scores > 0)).sum())
+        assert int(unit_keep.sum()) == min(expected_count(fraction, n), positives)
+        assert (unit_scores[unit_keep] > 0).all()
         dropped = unit_mask & ~unit_keep
         if unit_keep.any() and dropped.any():
             assert unit_scores[unit_keep].min() >= unit_scores[dropped].max()
@@ -126,33 +128,34 @@ def test_known_example_both_scopes():
 
 def test_sequence_scope_keeps_at_least_one_per_non_empty_row():
     mask = torch.tensor([[True] * 5, [False] * 5, [True, False, False, False, False]])
-    keep = token_keep_mask(torch.randn(3, 5), torch.rand(3, 5), mask, 1e-9, scope="sequence")
+    keep = token_keep_mask(torch.randn(3, 5), torch.rand(3, 5) + 0.1, mask, 1e-9, scope="sequence")
     assert keep.sum(1).tolist() == [1, 0, 1]
 
 
-@pytest.mark.parametrize("scope", ["batch", "sequence"])
-def test_zero_score_tokens_are_never_kept(scope):
-    # regression: the budget used to be filled with zero-score tokens by earliest position (rows 0 and 1 here)
-    adv = torch.tensor([[0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [1.0, 1.0, 1.0], [2.0, 2.0, 2.0]])
-    ent = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 1.0], [0.5, 0.0, 1.0], [1.0, 1.0, 0.0]])
-    mask = torch.ones(4, 3, dtype=torch.bool)
-    keep = token_keep_mask(adv, ent, mask, 0.75, scope=scope)  # budget ceil(0.75 * 12) = 9 / 3 per row
-    expected = [[False] * 3, [False] * 3, [True, False, True], [True, True, False]]
-    assert keep.tolist() == expected  # 4 tokens carry a score, all are kept, nothing else
-    all_zero = token_keep_mask(torch.zeros(4, 3), ent, mask, 0.2, scope=scope)
-    assert not all_zero.any()  # a batch whose advantages are all 0 keeps no token
-
-
-def test_fraction_one_keeps_exactly_the_scored_action_tokens_and_empty_mask_keeps_nothing():
+def test_fraction_one_keeps_the_positive_scores_and_empty_mask_keeps_nothing():
     mask = torch.rand(4, 9) > 0.5
+    adv = torch.randn(4, 9).masked_fill(torch.rand(4, 9) > 0.7, 0.0)
+    ent = torch.rand(4, 9).masked_fill(torch.rand(4, 9) > 0.8, 0.0)
     for scope in ("batch", "sequence"):
-        ent = torch.rand(4, 9) + 0.1
-        assert torch.equal(token_keep_mask(torch.randn(4, 9), ent, mask, 1.0, scope=scope), mask)
-        adv = torch.randn(4, 9)
-        adv[0] = 0.0
-        assert torch.equal(token_keep_mask(adv, ent, mask, 1.0, scope=scope), mask & (torch.arange(4) > 0)[:, None])
+        assert torch.equal(token_keep_mask(adv, ent, mask, 1.0, scope=scope), mask & (adv.abs() * ent > 0))
         empty = torch.zeros(4, 9, dtype=torch.bool)
         assert not token_keep_mask(torch.randn(4, 9), torch.rand(4, 9), empty, 0.3, scope=scope).any()
+
+
+def test_zero_score_tokens_never_fill_the_budget():
+    # Regression: the budget ceil(0.5 * 12) = 6 used to be filled with zero-score tokens by earliest position
+    # (a kept rollout with advantage 0 in row 1, an entropy-0 token in row 2), inflating the kept count.
+    adv = torch.tensor([[0.0, 0.0, 2.0, 0.0], [0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+    ent = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.5, 1.0, 1.0]])
+    mask = torch.ones(3, 4, dtype=torch.bool)
+    expected = torch.zeros(3, 4, dtype=torch.bool)
+    expected[0, 2] = expected[2, 1] = True
+    assert torch.equal(token_keep_mask(adv, ent, mask, 0.5), expected)
+    # sequence scope: 2 of each row's 4 tokens at most, row 1 (advantage 0 throughout) keeps none
+    assert torch.equal(token_keep_mask(adv, ent, mask, 0.5, scope="sequence"), expected)
+    for scope in ("batch", "sequence"):
+        assert not token_keep_mask(torch.zeros(3, 4), ent, mask, 0.5, scope=scope).any()
+        assert not token_keep_mask(adv, torch.zeros(3, 4), mask, 0.9, scope=scope).any()
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (1, 17), (17, 1), (3, 0), (0, 5)])
@@ -223,3 +226,17 @@ def test_metrics():
     assert empty["kept_fraction"] == 0.0 and empty["entropy_mean_all"] == 0.0 and empty["entropy_mean_kept"] == 0.0
     with pytest.raises(ValueError, match="same shape"):
         token_mask_metrics(keep, mask[:1], ent)
+
+
+@pytest.mark.parametrize(
+    "device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
+)
+@pytest.mark.parametrize("scope", ["batch", "sequence"])
+def test_same_mask_on_every_device(device, scope):
+    adv = torch.randint(-1, 2, (6, 20)).float() * torch.rand(6, 1)
+    ent = torch.rand(6, 20).masked_fill(torch.rand(6, 20) > 0.8, 0.0)
+    mask = torch.rand(6, 20) > 0.2
+    for fraction in (0.05, 0.3, 0.9, 1.0):
+        expected = reference_mask(adv, ent, mask, fraction, scope)
+        got = token_keep_mask(adv.to(device), ent.to(device), mask.to(device), fraction, scope=scope)
+        assert got.device.type == device and torch.equal(got.cpu(), expected)
