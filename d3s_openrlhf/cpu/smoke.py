@@ -142,6 +142,14 @@ def _marked(cluster_id):
     return found
 
 
+def _command(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")[:120]
+    except OSError:
+        return "?"
+
+
 def ray_environment(cluster_id):
     """The environment of the Ray processes: this Python's ``bin`` first on PATH (the job's ``python3``), the
     checkout off PYTHONPATH (the job must import the plugin from its uploaded working_dir), the marker."""
@@ -158,6 +166,8 @@ def ray_environment(cluster_id):
     # Ray's single-machine mode: every node address is 127.0.0.1 and Ray's servers listen on it only (with the
     # multi-node mode, Ray replaces a given 127.0.0.1 by the machine's routable address)
     env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    # the dashboard's modules get 30 s to start by default, too short on a busy laptop
+    env.setdefault("RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT", "180")
     env[MARKER] = cluster_id
     return env
 
@@ -188,6 +198,7 @@ class Cluster:
     cluster_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     dashboard_address: str = ""
     temp_dir: str = ""
+    leftovers: list = field(default_factory=list)  # set by stop()
 
     def _ray(self, *args):
         done = subprocess.run(
@@ -235,10 +246,14 @@ class Cluster:
     def __exit__(self, *exc):
         self.stop()
 
-    def stop(self, grace_s=20.0):
-        """Stop every process of the cluster by PID: SIGTERM, then SIGKILL what is left after ``grace_s``."""
+    def stop(self, grace_s=30.0):
+        """Stop every process of the cluster by PID: SIGTERM, then SIGKILL what is left after ``grace_s``.
+        Returns "pid: command" of each process that needed SIGKILL or survived it."""
+        stubborn = []
         for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
             pids = _marked(self.cluster_id)
+            if sig == signal.SIGKILL:
+                stubborn = [f"{pid}: {_command(pid)}" for pid in pids]
             for pid in pids:
                 try:
                     os.kill(pid, sig)
@@ -251,9 +266,8 @@ class Cluster:
             if not pids:
                 break
         shutil.rmtree(self.temp_dir, ignore_errors=True)
-
-    def alive(self):
-        return _marked(self.cluster_id)
+        self.leftovers = stubborn + [f"{pid}: {_command(pid)}" for pid in _marked(self.cluster_id)]
+        return self.leftovers
 
 
 # ------------------------------------------------------------------------------------------------ one run
@@ -263,7 +277,7 @@ class Result:
     returncode: object  # int, or a text when the run was stopped after the timeout
     log: str
     steps: dict  # {global_step: {metric: value}} as OpenRLHF logged them
-    leftovers: list  # PIDs of cluster processes alive after the cluster was stopped
+    leftovers: list  # cluster processes that did not stop on SIGTERM (then killed)
     seconds: float
 
     @property
@@ -340,9 +354,9 @@ def run_script(script, toy_files, outdir, nodes=1, gpus_per_node=1, timeout=600,
             rc = pipeline.run_logged(command, log_path, on_line=on_line, env=env, timeout=timeout)
         except TimeoutError:
             rc = f"none: stopped after {timeout}s"
-    leftovers = cluster.alive()
-    tensorboard = os.path.join(script_vars["CKPT_ROOT"], f"{os.path.basename(os.path.dirname(script))}_"
-                               f"{os.path.splitext(os.path.basename(script))[0]}", "tensorboard")
+    leftovers = cluster.leftovers
+    # common.sh's RUN_NAME: <model profile>_<setting>
+    tensorboard = os.path.join(script_vars["CKPT_ROOT"], name.replace("/", "_"), "tensorboard")
     return Result(name, rc, log_path, read_train_scalars(tensorboard), leftovers, time.time() - start)
 
 

@@ -35,10 +35,10 @@ def assert_smoke_run(result, nodes):
 
 @pytest.mark.parametrize("setting", ["grpo_d3s", "gspo_d3s"])
 def test_script_runs_two_steps_on_cpu(setting, toy_files, tmp_path):
-    result = smoke.run_script(str(SCRIPTS / f"{setting}.sh"), toy_files, str(tmp_path), timeout=420)
+    result = smoke.run_script(str(SCRIPTS / f"{setting}.sh"), toy_files, str(tmp_path), timeout=600)
     assert_smoke_run(result, nodes=1)
 
 
 def test_script_runs_on_two_ray_nodes(toy_files, tmp_path):
-    result = smoke.run_script(str(SCRIPTS / "grpo_d3s.sh"), toy_files, str(tmp_path), nodes=2, timeout=420)
+    result = smoke.run_script(str(SCRIPTS / "grpo_d3s.sh"), toy_files, str(tmp_path), nodes=2, timeout=600)
     assert_smoke_run(result, nodes=2)
