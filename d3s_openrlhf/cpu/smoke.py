@@ -196,7 +196,8 @@ class Cluster:
     object_store_gb: float = 0.5
     log: object = None  # a text file the `ray start` output goes to
     cluster_id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    dashboard_address: str = ""
+    dashboard_address: str = ""  # the job server, for `ray job submit --address`
+    gcs_address: str = ""
     temp_dir: str = ""
     leftovers: list = field(default_factory=list)  # set by stop()
 
@@ -241,6 +242,7 @@ class Cluster:
             self.stop()
             raise
         self.dashboard_address = f"http://127.0.0.1:{dashboard_port}"
+        self.gcs_address = f"127.0.0.1:{gcs_port}"
         return self
 
     def __exit__(self, *exc):
