@@ -19,6 +19,8 @@
 #                          EVAL_DATA / CKPT_ROOT paths are made absolute against the current directory (they
 #                          must exist on the nodes: shared filesystem or single node).
 #   RUNTIME_ENV_JSON       a complete runtime env of your own (e.g. {"pip": [...]}) replaces either.
+#   D3S_RUNTIME_ENV_VARS   a JSON object of extra environment variables for the job's driver and workers, added
+#                          to the env_vars of either mode above (e.g. '{"HF_HUB_OFFLINE": "1"}').
 # We chose working_dir over py_modules because the reward file is loaded by path (OpenRLHF's
 # --reward.remote_url), and only working_dir makes one relative path valid on every node.
 #
@@ -104,6 +106,7 @@ import json, os, sys
 ship, root = sys.argv[1], sys.argv[2]
 env = {"env_vars": {name: os.environ[name] for name in (
     "D3S_REWARD_FORMAT_WEIGHT", "D3S_REWARD_TIMEOUT", "D3S_REWARD_WORKERS") if os.environ.get(name)}}
+env["env_vars"].update(json.loads(os.environ.get("D3S_RUNTIME_ENV_VARS") or "{}"))
 if ship == "working_dir":
     env["working_dir"] = root
     env["excludes"] = [".git/", ".venv/", "build/", "out/", "ckpt/", "*.egg-info/", "tests/", "benchmarks/"]

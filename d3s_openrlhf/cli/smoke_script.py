@@ -1,0 +1,8 @@
+"""``python -m d3s_openrlhf.cli.smoke_script <script.sh ...> | --all``: see :mod:`d3s_openrlhf.cpu.smoke`."""
+
+import sys
+
+from d3s_openrlhf.cpu.smoke import main
+
+if __name__ == "__main__":
+    sys.exit(main())

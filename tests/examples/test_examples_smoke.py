@@ -1,0 +1,44 @@
+"""CPU smoke runs of the launch scripts (``python -m d3s_openrlhf.cli.smoke_script``): two real steps of
+``examples/scripts/qwen2.5-math-1.5b/{grpo_d3s,gspo_d3s}.sh`` through the script's own ``ray job submit`` to a
+Ray cluster on 127.0.0.1 (working_dir upload of the checkout included), with the toy model, data and sizes
+swapped in and every other flag as the script sets it; one of them on two Ray nodes (``--actor.num_nodes 2``).
+"""
+
+import math
+from pathlib import Path
+
+import pytest
+
+from d3s_openrlhf.cpu import smoke
+
+pytestmark = pytest.mark.e2e
+
+SCRIPTS = Path(smoke.SCRIPTS) / "qwen2.5-math-1.5b"
+
+
+@pytest.fixture(scope="module")
+def toy_files(tmp_path_factory):
+    return smoke.prepare_toy(str(tmp_path_factory.mktemp("smoke_toy")))
+
+
+def assert_smoke_run(result, nodes):
+    log = Path(result.log).read_text(errors="replace")
+    assert result.returncode == 0, f"exit {result.returncode}\n{log[-6000:]}"
+    assert not result.leftovers, f"processes of the cluster outlived it: {result.leftovers}"
+    assert list(result.steps) == list(range(1, smoke.STEPS + 1)), f"logged steps {list(result.steps)}\n{log[-4000:]}"
+    for step, values in result.steps.items():
+        assert math.isfinite(values["policy_loss"]), (step, values["policy_loss"])
+        assert 8 <= values["d3s/n"] <= 32, (step, values["d3s/n"])  # the script's schedule N 8 -> 32 ran
+    assert "_ray_pkg_" in log, "the checkout was not uploaded as the job's working_dir"
+    assert f"--actor.num_nodes {nodes}" in log.replace("'", "")
+
+
+@pytest.mark.parametrize("setting", ["grpo_d3s", "gspo_d3s"])
+def test_script_runs_two_steps_on_cpu(setting, toy_files, tmp_path):
+    result = smoke.run_script(str(SCRIPTS / f"{setting}.sh"), toy_files, str(tmp_path), timeout=600)
+    assert_smoke_run(result, nodes=1)
+
+
+def test_script_runs_on_two_ray_nodes(toy_files, tmp_path):
+    result = smoke.run_script(str(SCRIPTS / "grpo_d3s.sh"), toy_files, str(tmp_path), nodes=2, timeout=600)
+    assert_smoke_run(result, nodes=2)
