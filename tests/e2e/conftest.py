@@ -48,7 +48,7 @@ def marked_processes(run_id):
     return found
 
 
-def leftover_processes(run_id, grace_s=20.0):
+def leftover_processes(run_id, grace_s=45.0):
     """Processes of the run still alive ``grace_s`` after it exited (then killed, so that they leak no further)."""
     deadline = time.time() + grace_s
     while time.time() < deadline:

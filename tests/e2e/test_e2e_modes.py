@@ -20,7 +20,7 @@ pytestmark = pytest.mark.e2e
 
 
 def _pipeline_helpers():
-    # TODO(lead): move d3s_flags / expected_schedule / assert_kept_counts into conftest.py and import them there
+    """test_e2e_pipeline.py's per-step checks (tests/ is no package: OpenRLHF's wheel owns the name), by path."""
     path = Path(__file__).with_name("test_e2e_pipeline.py")
     spec = importlib.util.spec_from_file_location("_d3s_e2e_pipeline_helpers", path)
     module = importlib.util.module_from_spec(spec)
