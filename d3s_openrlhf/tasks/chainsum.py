@@ -26,7 +26,7 @@ LOW, HIGH = 10, 49
 DROP_CARRY = 0.5
 MAX_NEW_TOKENS = 48  # longest response: 44 characters, plus EOS
 BUCKETS = {"heldout": range(0, 1), "rl": range(1, 5), "sft": range(5, 10)}
-TASK_CONFIG = dict(n_sft=2000, n_prompts=1200, n_heldout=128, sft_epochs=6, sft_batch_size=32)
+TASK_CONFIG = dict(n_sft=1200, n_prompts=1200, n_heldout=128, sft_epochs=4, sft_batch_size=32)
 
 
 def split_of(prompt):
