@@ -30,7 +30,8 @@ and the policy's mean per-token entropy over its sampled responses. ``benchmarks
 ``learning_study.json`` into tables, tests and plots.
 
 ``--quick`` smoke-tests the whole chain (a 1-epoch SFT on 64 examples, every method for 1 seed x 3 steps, the
-evaluations, the report) in a few minutes.
+evaluations, the report) in a few minutes. Every invocation ends with ``report.py --study`` on the results so far
+(``OUT/learning_study.md`` and ``.png``).
 """
 
 from __future__ import annotations
@@ -168,6 +169,7 @@ def main(argv=None):
         help="smoke-test the whole chain: SFT (1 epoch, 64 examples), every method 1 seed x 3 steps, evaluation "
         "every 2 steps on 16 held-out prompts, and the report",
     )
+    parser.add_argument("--no-report", action="store_true", help="skip report.py --study on the results")
     options = parser.parse_args(argv)
     out = os.path.abspath(options.out)
     workdir = os.path.abspath(options.workdir or os.path.join(out, "learning_runs"))
@@ -232,6 +234,10 @@ def main(argv=None):
                     flush=True,
                 )
     print(f"wrote {results_path} ({time.time() - started:.0f}s)")
+    if not options.no_report:
+        from report import study_main
+
+        study_main(results_path, os.path.join(out, "learning_study.md"))
     return results_path
 
 
