@@ -1,32 +1,47 @@
-"""Learning efficiency on the built-in task: GRPO, PODS, D3S (cross) and D3S-I, several seeds, same rollouts.
+"""Learning-efficiency study: PODS as published and the D3S family, several seeds, on a task module.
 
-Run from the repository root (about 20 minutes on 2 cores for 4 methods x 3 seeds):
+Run from the repository root (parts and methods can run alone; each run appends to OUT/learning_study.json):
 
-    .venv/bin/python benchmarks/bench_learning.py [--out benchmarks/results] [--seeds 0 1 2]
+    .venv/bin/python benchmarks/bench_learning.py [--task d3s_openrlhf.tasks.chainsum] [--parts pods d3s]
+        [--methods ...] [--seeds 0 1 2] [--steps 150] [--out benchmarks/results]
+    .venv/bin/python benchmarks/bench_learning.py --quick --out /tmp/quick   # the whole chain in a few minutes
 
-One SFT warm start of the demo's toy model (``d3s_openrlhf.cli.demo``) is shared by every run. Every run is
-the demo's RL job (16 prompts x 16 rollouts per step, 75 steps, lr 2e-4, train batch 32) through
-``d3s_openrlhf.cli.train_ppo_ray`` with ``--train.seed SEED``; the methods differ only in their ``--d3s.*``
-flags, so every method generates the same number of rollouts per step (the same rollout budget):
+One SFT warm start per task and seed 0 (``pipeline.prepare``: tokenizer, 2-layer Llama, SFT, reward file from the
+task module) is shared by every run. Every run is ``d3s_openrlhf.cli.train_ppo_ray`` on the CPU runtime with
+``--train.seed SEED``, ``PROMPTS`` prompts per step, lr 2e-4, train batch 32; the methods differ only in the
+rollouts generated per prompt and their ``--d3s.*`` flags. Two parts:
 
-- GRPO: D3S off, trains on all 256 rollouts;
-- PODS: ``--d3s.preset pods``, m = 4 of n = 16 rollouts per prompt (PODS's m/n = 1/4), advantages over the
-  kept subset;
-- D3S: cross-group selection and |A|*H token selection, N 4 -> 12 of 16, K 0.3 -> 0.8, linear (the demo's
-  schedule; the paper's K 5% -> 20% is meant for long chain-of-thought responses, ours have <= 4 tokens);
-- D3S-I: the same with intra-group selection.
+- ``pods`` (PODS as published, n = 4m): GRPO generating and training n = m = 4 rollouts per prompt, against PODS
+  generating n = 16 and training m = 4 (advantages over the kept subset) with each of PODS's rules: max-variance
+  (PODS), random and max-reward (its rule ablation). Every method trains the same 4 rollouts per prompt.
+- ``d3s`` (the D3S family at equal G = 16 generated rollouts per prompt): GRPO (trains all 16), D1S (intra-group
+  max-variance, fixed N = 8), D1S-Cross (cross-group, N = 8), D2S (D1S-Cross + tokens, fixed K = 0.35), D3S
+  (cross-group, linear N 4 -> 12 and K 0.2 -> 0.5) and D3S-I (D3S with intra-group selection). D2S against D3S
+  isolates the schedule: the same mean N and K. K is scaled to our responses (20-44 tokens, a few of which
+  decide correctness), not the paper's 5% -> 20% of long chains of thought.
 
-Per step it keeps what OpenRLHF logged (reward of all generated rollouts, kept rollouts and tokens, the actor
-gradient norm, step timings); after each run it measures held-out exact-match accuracy (greedy and sampled at
-T=1) of the final model. Writes ``OUT/learning.json``; ``benchmarks/report.py`` makes the plots and tables.
+GRPO runs as ``--d3s.preset d1s`` with N = G (nothing dropped: upstream's batch path, the same update as D3S off)
+so that it logs the share of zero-variance groups like the other methods.
+
+Per step it keeps what OpenRLHF logged (reward, kept rollouts and tokens, zero-variance groups, the actor gradient
+norm, step timings). Every ``--eval-every`` steps the run saves the actor (``--ckpt.save_hf``); after the run
+each checkpoint and the final model are evaluated on the held-out split: greedy and sampled (T = 1) accuracy
+and the policy's mean per-token entropy over its sampled responses. ``benchmarks/report.py --study`` turns
+``learning_study.json`` into tables, tests and plots.
+
+``--quick`` smoke-tests the whole chain (a 1-epoch SFT on 64 examples, every method for 1 seed x 3 steps, the
+evaluations, the report) in a few minutes. Every invocation ends with ``report.py --study`` on the results so far
+(``OUT/learning_study.md`` and ``.png``).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import glob
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -37,11 +52,32 @@ from d3s_openrlhf.cpu import pipeline
 from d3s_openrlhf.cpu.metrics import read_train_scalars
 
 HERE = Path(__file__).resolve().parent
-METHODS = {
-    "GRPO": [],
-    "PODS": ["--d3s.preset", "pods", "--d3s.n_init", 4, "--d3s.n_final", 4],
-    "D3S": demo.D3S_FLAGS,
-    "D3S-I": ["--d3s.preset", "d3s-i", *demo.D3S_FLAGS[2:]],
+DEFAULT_TASK = "d3s_openrlhf.tasks.chainsum"
+PROMPTS = 8  # prompts per step
+
+
+def _n(n_init, n_final=None):
+    return ["--d3s.n_init", n_init, "--d3s.n_final", n_init if n_final is None else n_final]
+
+
+PODS_M, PODS_N = 4, 16  # PODS's n = 4m (the paper's GSM8K setting is m = 16, n = 64)
+G = 16  # the D3S family's generated rollouts per prompt
+# method -> (generated rollouts per prompt, --d3s.* flags)
+PARTS = {
+    "pods": {
+        "GRPO": (PODS_M, ["--d3s.preset", "d1s", *_n(PODS_M)]),
+        "PODS": (PODS_N, ["--d3s.preset", "pods", *_n(PODS_M)]),
+        "PODS-random": (PODS_N, ["--d3s.preset", "pods", "--d3s.sample_rule", "random", *_n(PODS_M)]),
+        "PODS-max-reward": (PODS_N, ["--d3s.preset", "pods", "--d3s.sample_rule", "max_reward", *_n(PODS_M)]),
+    },
+    "d3s": {
+        "GRPO": (G, ["--d3s.preset", "d1s", *_n(G)]),
+        "D1S": (G, ["--d3s.preset", "d1s", *_n(8)]),
+        "D1S-Cross": (G, ["--d3s.preset", "d1s-cross", *_n(8)]),
+        "D2S": (G, ["--d3s.preset", "d2s", *_n(8), "--d3s.k_init", 0.35, "--d3s.k_final", 0.35]),
+        "D3S": (G, ["--d3s.preset", "d3s", *_n(4, 12), "--d3s.k_init", 0.2, "--d3s.k_final", 0.5]),
+        "D3S-I": (G, ["--d3s.preset", "d3s-i", *_n(4, 12), "--d3s.k_init", 0.2, "--d3s.k_final", 0.5]),
+    },
 }
 KEYS = (
     "rollout/reward_mean",
@@ -51,6 +87,9 @@ KEYS = (
     "policy_loss",
     "d3s/kept_rollouts",
     "d3s/kept_tokens",
+    "d3s/candidate_tokens",
+    "d3s/zero_var_groups",
+    "d3s/entropy_all",
     "d3s/select_time_s",
     "timing/generation",
     "timing/make_experience",
@@ -58,62 +97,148 @@ KEYS = (
     "timing/broadcast",
     "timing/step_total",
 )
+CHECKPOINT = re.compile(r"global_step(\d+)_hf$")
 
 
-def run(prepared, method, seed, workdir, episodes):
-    task_config = pipeline.TaskConfig()
-    config = dataclasses.replace(demo.demo_rl_config(task_config, episodes), extra=list(METHODS[method]), seed=seed)
-    run_dir = os.path.join(workdir, f"{method}-seed{seed}")
+def rl_config(prepared, part, method, seed, steps, eval_every, prompts=PROMPTS):
+    group, flags = PARTS[part][method]
+    config = demo.demo_rl_config(pipeline.TaskConfig(), episodes=1, prepared=prepared)
+    extra = list(flags)
+    if eval_every:
+        extra += ["--ckpt.save_steps", eval_every, "--ckpt.save_hf", "--ckpt.disable_ds"]
+    return dataclasses.replace(
+        config, prompts_per_step=prompts, samples_per_prompt=group, steps=steps, seed=seed, extra=extra
+    )
+
+
+def run(prepared, task, part, method, seed, workdir, steps, eval_every, samples, prompts=PROMPTS):
+    """One RL run and its held-out evaluations; returns the per-step metrics and the evaluation curve."""
+    config = rl_config(prepared, part, method, seed, steps, eval_every, prompts)
+    name = f"{part}-{method}-seed{seed}"
+    run_dir = os.path.join(workdir, name)
     command = pipeline.launcher_command(
         pipeline.D3S_ENTRYPOINT, pipeline.ppo_args(prepared.sft_model, prepared.task, run_dir, config)
     )
-    log = os.path.join(workdir, f"{method}-seed{seed}.log")
+    log = os.path.join(workdir, f"{name}.log")
     started = time.time()
-    rc = pipeline.run_logged(command, log, timeout=1800)
+    rc = pipeline.run_logged(command, log, timeout=3600)
     if rc != 0:
-        raise RuntimeError(f"{method} seed {seed} failed (exit {rc}); see {log}")
+        raise RuntimeError(f"{name} failed (exit {rc}); see {log}")
     seconds = time.time() - started
     scalars = read_train_scalars(os.path.join(run_dir, "tensorboard"))
-    steps = [{"step": step, **{key: values[key] for key in KEYS if key in values}} for step, values in scalars.items()]
-    heldout = demo.heldout_accuracy(os.path.join(run_dir, "final_model"), prepared.task.heldout, seed=seed)
-    return {"steps": steps, "heldout": heldout, "process_seconds": seconds}
+    logged = [{"step": step, **{key: values[key] for key in KEYS if key in values}} for step, values in scalars.items()]
+    models = {
+        int(CHECKPOINT.search(path).group(1)): path
+        for path in glob.glob(os.path.join(run_dir, "checkpoints", "global_step*_hf"))
+    }
+    models[len(logged)] = os.path.join(run_dir, "final_model")
+    started_eval = time.time()
+    evaluate = dict(seed=seed, task=task, max_new_tokens=prepared.max_new_tokens, samples=samples)
+    curve = [
+        {"step": step, **demo.heldout_accuracy(path, prepared.task.heldout, **evaluate)}
+        for step, path in sorted(models.items())
+    ]
+    return {
+        "group": config.samples_per_prompt,
+        "steps": logged,
+        "heldout": curve,
+        "process_seconds": seconds,
+        "eval_seconds": time.time() - started_eval,
+    }
+
+
+def load(path):
+    return json.loads(Path(path).read_text()) if os.path.exists(path) else None
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--task", default=DEFAULT_TASK, help="task module (import path or .py file)")
     parser.add_argument("--out", default=str(HERE / "results"), help="results directory")
     parser.add_argument("--workdir", default=None, help="scratch directory (default: OUT/learning_runs)")
+    parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=list(PARTS))
+    parser.add_argument("--methods", nargs="+", default=None, help="only these methods (names as in PARTS)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--episodes", type=int, default=3, help="passes over the 400 prompts, 25 steps each")
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--steps", type=int, default=150, help="RL steps per run (8 prompts each)")
+    parser.add_argument("--eval-every", type=int, default=25, help="held-out evaluation every this many steps")
+    parser.add_argument("--eval-samples", type=int, default=4, help="sampled responses per held-out prompt")
+    parser.add_argument("--prompts", type=int, default=PROMPTS, help="prompts per RL step")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke-test the whole chain: SFT (1 epoch, 64 examples), every method 1 seed x 3 steps, evaluation "
+        "every 2 steps on 16 held-out prompts, and the report",
+    )
+    parser.add_argument("--no-report", action="store_true", help="skip report.py --study on the results")
     options = parser.parse_args(argv)
     out = os.path.abspath(options.out)
     workdir = os.path.abspath(options.workdir or os.path.join(out, "learning_runs"))
     os.makedirs(workdir, exist_ok=True)
-
-    prepared = pipeline.prepare(os.path.join(workdir, "toy"), log_path=os.path.join(workdir, "sft.log"))
-    results = {}
-    for seed in options.seeds:  # seed-major: a drift of the machine's speed hits every method alike
-        for method in options.methods:
-            result = run(prepared, method, seed, workdir, options.episodes)
-            results.setdefault(method, {})[str(seed)] = result
-            last = result["steps"][-10:]
-            print(
-                f"{method:6s} seed {seed}: reward (last 10 steps) "
-                f"{sum(s['rollout/reward_mean'] for s in last) / len(last):.3f}, held-out greedy "
-                f"{result['heldout']['greedy']:.3f}, {result['process_seconds']:.0f}s",
-                flush=True,
-            )
-    document = {
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{cpu_model()}, {os.cpu_count()} CPUs",
-        "command": "benchmarks/bench_learning.py --seeds " + " ".join(map(str, options.seeds)),
-        "methods": {method: [str(flag) for flag in METHODS[method]] for method in options.methods},
-        "sft_heldout": demo.heldout_accuracy(prepared.sft_model, prepared.task.heldout, seed=0),
-        "results": results,
+    overrides = {}
+    if options.quick:
+        overrides = dict(n_sft=64, n_prompts=3 * options.prompts, n_heldout=16, sft_epochs=1)
+        options.seeds, options.steps, options.eval_every, options.eval_samples = [0], 3, 2, 2
+    task_config = pipeline.task_config(options.task, **overrides)
+    if options.prompts * options.steps > task_config.n_prompts:
+        raise SystemExit(
+            f"{options.steps} steps x {options.prompts} prompts need {options.prompts * options.steps} RL prompts; "
+            f"the task config has {task_config.n_prompts}"
+        )
+    selected = {
+        part: [m for m in PARTS[part] if options.methods is None or m in options.methods] for part in options.parts
     }
-    with open(os.path.join(out, "learning.json"), "w") as f:
-        json.dump(document, f, indent=1)
+
+    prepare_dir = os.path.join(workdir, "task-" + re.sub(r"\W+", "_", options.task))
+    started = time.time()
+    if os.path.exists(os.path.join(prepare_dir, "prepared.json")):  # parts run alone share one SFT warm start
+        prepared = pipeline.Prepared(**load(os.path.join(prepare_dir, "prepared.json")))
+        prepared = dataclasses.replace(prepared, task=pipeline.toy.TaskFiles(**prepared.task))
+        sft_seconds = None
+    else:
+        prepared = pipeline.prepare(prepare_dir, task_config, log_path=os.path.join(workdir, "sft.log"))
+        sft_seconds = time.time() - started
+        Path(prepare_dir, "prepared.json").write_text(json.dumps(dataclasses.asdict(prepared)))
+    results_path = os.path.join(out, "learning_study.json")
+    document = load(results_path) or {}
+    if document.get("task") not in (None, options.task):
+        raise SystemExit(f"{results_path} holds results of task {document['task']}; give another --out")
+    evaluate = dict(task=options.task, max_new_tokens=prepared.max_new_tokens, samples=options.eval_samples)
+    if "sft_heldout" not in document:
+        document["sft_heldout"] = demo.heldout_accuracy(prepared.sft_model, prepared.task.heldout, seed=0, **evaluate)
+        print(f"SFT warm start: held-out {document['sft_heldout']}", flush=True)
+    document.update(
+        task=options.task,
+        task_config=dataclasses.asdict(task_config),
+        machine=f"{cpu_model()}, {os.cpu_count()} CPUs",
+        prompts_per_step=options.prompts,
+        eval_every=options.eval_every,
+        eval_samples=options.eval_samples,
+    )
+    if sft_seconds is not None:
+        document["sft_seconds"] = sft_seconds
+    for seed in options.seeds:  # seed-major: a drift of the machine's speed hits every method alike
+        for part, methods in selected.items():
+            for method in methods:
+                result = run(
+                    prepared, options.task, part, method, seed, workdir, options.steps, options.eval_every,
+                    options.eval_samples, options.prompts,
+                )  # fmt: skip
+                result["flags"] = [str(flag) for flag in PARTS[part][method][1]]
+                result["date"] = time.strftime("%Y-%m-%d")
+                document.setdefault("results", {}).setdefault(part, {}).setdefault(method, {})[str(seed)] = result
+                Path(results_path).write_text(json.dumps(document, indent=1))  # each run saved as it ends
+                final = result["heldout"][-1]
+                print(
+                    f"{part}/{method} seed {seed}: held-out greedy {final['greedy']:.3f}, sampled "
+                    f"{final['sampled']:.3f}; run {result['process_seconds']:.0f}s + eval {result['eval_seconds']:.0f}s",
+                    flush=True,
+                )
+    print(f"wrote {results_path} ({time.time() - started:.0f}s)")
+    if not options.no_report:
+        from report import study_main
+
+        study_main(results_path, os.path.join(out, "learning_study.md"))
+    return results_path
 
 
 if __name__ == "__main__":

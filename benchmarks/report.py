@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/report.py [--results benchmarks/results]
 
 Reads ``selection.json`` (bench_selection.py), ``step_cost.json`` (bench_step_cost.py) and ``learning.json``
-(bench_learning.py). Every number and every comparison in the document is computed here from those files, so
+(the earlier addition-task learning runs). ``--study learning_study.json --output STUDY.md`` instead writes the
+report of ``bench_learning.py``'s study (tables, Welch tests, ``STUDY.png``). Every number and every comparison in the document is computed here from those files, so
 a rerun of ``benchmarks/run_all.sh`` regenerates the whole document consistently.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -541,11 +543,202 @@ def summary(cost, target, methods):
     return lines
 
 
+# -- the study (bench_learning.py: learning_study.json) ------------------------------------------------------------
+
+STUDY_COLORS = {
+    "GRPO": "tab:gray", "PODS": "tab:orange", "PODS-random": "tab:brown", "PODS-max-reward": "tab:pink",
+    "D1S": "tab:purple", "D1S-Cross": "tab:olive", "D2S": "tab:cyan", "D3S": "tab:blue", "D3S-I": "tab:green",
+}  # fmt: skip
+
+
+def welch_t_test(a, b):
+    """Two-sided Welch t-test of mean(a) != mean(b): ``(t, p)``; p from the Student t density integrated
+    numerically (no SciPy here). ``(nan, nan)`` when a sample has fewer than 2 values or both have no spread."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if len(a) < 2 or len(b) < 2:
+        return float("nan"), float("nan")
+    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    if va + vb == 0:
+        return float("nan"), float("nan")
+    t = (a.mean() - b.mean()) / np.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    x = np.linspace(0.0, abs(t), 20001)
+    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+    density = np.exp(log_norm - (df + 1) / 2 * np.log1p(x**2 / df))
+    inner = float(np.sum((density[1:] + density[:-1]) / 2 * np.diff(x)))  # P(0 < T < |t|)
+    return float(t), float(max(0.0, 1.0 - 2.0 * inner))
+
+
+def study_run(run, prompts):
+    """Per step of one run: cumulative trained tokens, wall time and generation time, zero-variance share, grad
+    norm; the held-out curve as arrays."""
+    steps = run["steps"]
+    tokens = np.cumsum(
+        [s.get("d3s/kept_tokens", s["rollout/response_length_mean"] * s["rollout/num_samples"]) for s in steps]
+    )
+    return dict(
+        tokens=tokens,
+        wall=np.cumsum([s["timing/step_total"] for s in steps]),
+        generation=np.cumsum([s["timing/generation"] for s in steps]),
+        zero_var=np.array([s.get("d3s/zero_var_groups", np.nan) / prompts for s in steps]),
+        grad=np.array([s["actor_grad_norm"] for s in steps]),
+        eval_step=np.array([e["step"] for e in run["heldout"]]),
+        greedy=np.array([e["greedy"] for e in run["heldout"]]),
+        sampled=np.array([e["sampled"] for e in run["heldout"]]),
+        entropy=np.array([e["entropy"] for e in run["heldout"]]),
+    )
+
+
+def thirds(values):
+    return [float(np.nanmean(chunk)) for chunk in np.array_split(np.asarray(values, dtype=float), 3)]
+
+
+def study_analysis(document):
+    """Per part and method: seed lists of final/peak accuracy, time to GRPO's final held-out greedy accuracy
+    (seed-mean curve) in steps, trained tokens and wall time, and the training-dynamics summaries."""
+    prompts = document["prompts_per_step"]
+    sft = document["sft_heldout"]
+    parts = {}
+    for part, methods in document["results"].items():
+        info = {}
+        for method, seeds in methods.items():
+            runs = [study_run(run, prompts) for run in seeds.values()]
+            n_eval = min(len(r["eval_step"]) for r in runs)
+            curve = np.mean([np.concatenate([[sft["greedy"]], r["greedy"][:n_eval]]) for r in runs], axis=0)
+            info[method] = dict(
+                runs=runs,
+                seeds=list(seeds),
+                group=next(iter(seeds.values()))["group"],
+                eval_step=np.concatenate([[0], runs[0]["eval_step"][:n_eval]]),
+                curve=curve,
+                final_greedy=[float(r["greedy"][-1]) for r in runs],
+                final_sampled=[float(r["sampled"][-1]) for r in runs],
+                peak_greedy=[float(r["greedy"].max()) for r in runs],
+                final_entropy=[float(r["entropy"][-1]) for r in runs],
+            )
+        if "GRPO" not in info:
+            parts[part] = (None, info)
+            continue
+        target = float(np.mean(info["GRPO"]["final_greedy"]))
+        for method, m in info.items():
+            hits = np.nonzero(m["curve"] >= target - 1e-9)[0]
+            step = int(m["eval_step"][hits[0]]) if len(hits) else None
+            m["reach_step"] = step
+            if step is None:
+                m["reach_tokens"] = m["reach_wall"] = m["reach_generation_share"] = None
+            elif step == 0:
+                m["reach_tokens"] = m["reach_wall"] = 0.0
+                m["reach_generation_share"] = None
+            else:
+                m["reach_tokens"] = float(np.mean([r["tokens"][step - 1] for r in m["runs"]]))
+                m["reach_wall"] = float(np.mean([r["wall"][step - 1] for r in m["runs"]]))
+                m["reach_generation_share"] = float(
+                    np.mean([r["generation"][step - 1] for r in m["runs"]]) / m["reach_wall"]
+                )
+            m["test_vs_grpo"] = welch_t_test(m["final_greedy"], info["GRPO"]["final_greedy"])
+        parts[part] = (target, info)
+    return parts
+
+
+def plot_study(parts, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(len(parts), 3, figsize=(15, 4 * len(parts)), squeeze=False)
+    for row, (part, (target, info)) in zip(axes, parts.items()):
+        for method, m in info.items():
+            color = STUDY_COLORS.get(method)
+            finals = np.array([np.concatenate([[m["curve"][0]], r["greedy"][: len(m["curve"]) - 1]]) for r in m["runs"]])
+            row[0].plot(m["eval_step"], m["curve"], "o-", color=color, label=method)
+            row[0].fill_between(m["eval_step"], finals.min(0), finals.max(0), color=color, alpha=0.12)
+            steps = np.arange(1, len(m["runs"][0]["zero_var"]) + 1)
+            row[1].plot(steps, trailing_mean(np.nanmean([r["zero_var"] for r in m["runs"]], axis=0)), color=color)
+            row[2].plot(steps, trailing_mean(np.mean([r["grad"] for r in m["runs"]], axis=0)), color=color)
+        if target is not None:
+            row[0].axhline(target, color="black", linestyle=":", linewidth=1)
+        row[0].set_ylabel(f"{part}: held-out greedy accuracy")
+        row[1].set_ylabel("share of zero-variance groups")
+        row[2].set_ylabel("actor grad norm")
+        for axis in row:
+            axis.set_xlabel("RL step")
+            axis.grid(alpha=0.3)
+        row[0].legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def study_document(document, parts, plot_name):
+    lines = [
+        f"# Learning-efficiency study on `{document['task']}`",
+        "",
+        f"Command: `.venv/bin/python benchmarks/bench_learning.py --task {document['task']}` (see its docstring) · "
+        f"machine: {document['machine']} · {document['prompts_per_step']} prompts per step · held-out evaluation "
+        f"every {document['eval_every']} steps ({document['eval_samples']} samples per prompt at T = 1). "
+        f"SFT warm start: held-out greedy {document['sft_heldout']['greedy']:.3f}, sampled "
+        f"{document['sft_heldout']['sampled']:.3f}.",
+        "",
+        "Accuracies are mean ± standard deviation over seeds. \"Reaches GRPO\" is the first evaluation at which the "
+        "seed-mean held-out greedy accuracy is at least GRPO's final one (the part's dotted line), with the trained "
+        "(policy-gradient) tokens and the summed step time (`timing/step_total`) up to that step, and the share of "
+        "that time spent generating. p: two-sided Welch t-test of the final greedy accuracy against GRPO's "
+        "(3 seeds give the test little power: a large p is no evidence of equality).",
+        "",
+    ]
+    for part, (target, info) in parts.items():
+        lines += [
+            f"## Part `{part}`" + ("" if target is None else f" (GRPO's final held-out greedy accuracy {target:.3f})"),
+            "",
+            "| method | G | seeds | final greedy | final sampled | peak greedy | reaches GRPO at step | trained tokens "
+            "| wall time (generation share) | p vs GRPO | zero-var groups, thirds | grad norm, thirds | entropy, final |",
+            "|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for method, m in info.items():
+            zero = thirds(np.nanmean([r["zero_var"] for r in m["runs"]], axis=0))
+            grad = thirds(np.mean([r["grad"] for r in m["runs"]], axis=0))
+            reach = "not reached" if m.get("reach_step") is None else str(m["reach_step"])
+            share = m.get("reach_generation_share")
+            wall = "-" if m.get("reach_wall") is None else (
+                f"{m['reach_wall']:.0f} s" + ("" if share is None else f" ({100 * share:.0f}%)")
+            )  # fmt: skip
+            tokens = "-" if m.get("reach_tokens") is None else f"{m['reach_tokens'] / 1e3:.1f}k"
+            t, p = m.get("test_vs_grpo", (float("nan"), float("nan")))
+            lines.append(
+                f"| {method} | {m['group']} | {len(m['seeds'])} | {mean_std(m['final_greedy'])} | "
+                f"{mean_std(m['final_sampled'])} | {mean_std(m['peak_greedy'])} | {reach} | {tokens} | {wall} | "
+                f"{'-' if method == 'GRPO' or math.isnan(p) else f'{p:.2f}'} | "
+                f"{' / '.join(f'{z:.2f}' for z in zero)} | {' / '.join(f'{g:.2f}' for g in grad)} | "
+                f"{mean_std(m['final_entropy'], '{:.2f}')} |"
+            )
+        lines.append("")
+    lines += [f"![study]({plot_name})", ""]
+    return lines
+
+
+def study_main(path, output):
+    document = json.loads(Path(path).read_text())
+    parts = study_analysis(document)
+    plot_path = Path(output).with_suffix(".png")
+    plot_study(parts, plot_path)
+    Path(output).write_text("\n".join(study_document(document, parts, plot_path.name)))
+    print(f"wrote {output} and {plot_path}")
+    return output
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--results", default=str(HERE / "results"))
     parser.add_argument("--output", default=str(HERE / "RESULTS.md"))
+    parser.add_argument(
+        "--study",
+        default=None,
+        help="instead: the study report of this learning_study.json (bench_learning.py), written to --output",
+    )
     options = parser.parse_args(argv)
+    if options.study:
+        return study_main(options.study, options.output)
     results = Path(options.results)
     selection = json.loads((results / "selection.json").read_text())
     cost = json.loads((results / "step_cost.json").read_text())

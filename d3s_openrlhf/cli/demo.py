@@ -2,11 +2,12 @@
 
     python -m d3s_openrlhf.cli.demo --out DIR
 
-1. builds a character-level tokenizer and a 2-layer Llama locally (no hub) and an integer-addition task
-   ("12+7=" -> "19") with an exact-match reward (``d3s_openrlhf/cpu/arith_reward.py``);
+1. builds a character-level tokenizer and a 2-layer Llama locally (no hub) and the task's data and reward file
+   from a task module (``--task``, see ``d3s_openrlhf.tasks``; default: integer addition "12+7=" -> "19" with an
+   exact-match reward, ``d3s_openrlhf/tasks/addition.py``);
 2. SFT warm start with OpenRLHF's ``openrlhf.cli.train_sft``;
 3. RL with GRPO + D3S through ``d3s_openrlhf.cli.train_ppo_ray`` with OpenRLHF's vLLM engine: 16 prompts x
-   16 rollouts per step, 3 passes over 400 prompts (75 steps), cross-group max-variance rollout selection and
+   16 rollouts per step, 3 passes over the RL prompts (addition: 400 prompts, 75 steps), cross-group max-variance rollout selection and
    |A|*H token selection on a linear schedule N 4 -> 12 rollouts per prompt, K 30% -> 80% of tokens
    (``--grpo-only``: the same run without D3S). Both stages run under the CPU runtime
    (``python -m d3s_openrlhf.cli.cpu``);
@@ -24,6 +25,7 @@ import re
 import sys
 import time
 
+from d3s_openrlhf import tasks
 from d3s_openrlhf.cpu import pipeline
 
 STEP_LINE = re.compile(r"Global step (\d+): (\{.*\})\s*$")
@@ -33,8 +35,17 @@ SFT_EPOCH = re.compile(r"Train epoch:\s+\d+%.*?\|\s*(\d+)/(\d+)")
 def parse(argv):
     parser = argparse.ArgumentParser(prog="python -m d3s_openrlhf.cli.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="output directory (created)")
-    parser.add_argument("--episodes", type=int, default=3, help="passes over the 400 RL prompts, 25 steps each")
-    parser.add_argument("--sft-epochs", type=int, default=pipeline.TaskConfig.sft_epochs)
+    parser.add_argument(
+        "--task",
+        default=tasks.DEFAULT_TASK,
+        help="task module (import path, or path of a .py file) defining make_examples and reward; see "
+        "d3s_openrlhf.tasks (default: the addition task)",
+    )
+    parser.add_argument(
+        "--episodes", type=int, default=3, help="passes over the RL prompts (addition: 400 prompts, 25 steps each)"
+    )
+    parser.add_argument("--sft-epochs", type=int, default=None, help="default: the task's (addition: 18)")
+    parser.add_argument("--prompts", type=int, default=None, help="RL prompts (default: the task's; addition: 400)")
     parser.add_argument("--grpo-only", action="store_true", help="RL without D3S (the baseline to compare with)")
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args(argv)
@@ -44,8 +55,16 @@ PROMPTS_PER_STEP = 16
 D3S_FLAGS = ["--d3s.preset", "d3s", "--d3s.n_init", 4, "--d3s.n_final", 12, "--d3s.k_init", 0.3, "--d3s.k_final", 0.8]
 
 
-def demo_rl_config(task_config, episodes, d3s=True):
-    """GRPO (+ D3S: N 4 -> 12 of 16 rollouts per prompt, K 30% -> 80% of tokens), 16 prompts x 16 rollouts a step."""
+def demo_rl_config(task_config, episodes, d3s=True, prepared=None):
+    """GRPO (+ D3S: N 4 -> 12 of 16 rollouts per prompt, K 30% -> 80% of tokens), 16 prompts x 16 rollouts a step;
+    with ``prepared``, the task's reward file and response budget (else the addition task's)."""
+    task_sizes = {}
+    if prepared is not None:
+        task_sizes = dict(
+            reward=prepared.reward_file,
+            max_new_tokens=prepared.max_new_tokens,
+            max_len=max(pipeline.RLConfig.max_len, prepared.max_len),
+        )
     return pipeline.RLConfig(
         prompts_per_step=PROMPTS_PER_STEP,
         samples_per_prompt=16,
@@ -55,6 +74,7 @@ def demo_rl_config(task_config, episodes, d3s=True):
         micro_batch_size=32,
         lr=2e-4,
         extra=D3S_FLAGS if d3s else [],
+        **task_sizes,
     )
 
 
@@ -89,13 +109,13 @@ class Progress:
         )
 
 
-def heldout_accuracy(model_path, heldout_path, samples=8, seed=0):
-    """Exact-match accuracy on the held-out problems: greedy, and sampled at temperature 1 (as in training)."""
+def heldout_accuracy(model_path, heldout_path, samples=8, seed=0, task=tasks.DEFAULT_TASK, max_new_tokens=4):
+    """Held-out accuracy under ``task``'s reward: greedy, and sampled at temperature 1 (as in training); with
+    ``entropy``, the mean per-token entropy (nats) of the policy over the sampled response tokens."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from d3s_openrlhf.cpu.arith_reward import answer_of
-
+    reward = tasks.load_task(task).reward
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
@@ -105,25 +125,38 @@ def heldout_accuracy(model_path, heldout_path, samples=8, seed=0):
     batch = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     width = batch["input_ids"].shape[1]
 
-    def accuracy(do_sample, repeats):
+    def evaluate(do_sample, repeats):
         torch.manual_seed(seed)
         inputs = {key: value.repeat(repeats, 1) for key, value in batch.items()}
         with torch.no_grad():
             output = model.generate(
                 **inputs,
-                max_new_tokens=4,
+                max_new_tokens=max_new_tokens,
                 do_sample=do_sample,
                 temperature=1.0 if do_sample else None,
                 top_k=0 if do_sample else None,
                 top_p=1.0 if do_sample else None,
                 pad_token_id=tokenizer.pad_token_id,
                 eos_token_id=tokenizer.eos_token_id,
+                return_dict_in_generate=True,
+                output_logits=True,
             )
-        texts = tokenizer.batch_decode(output[:, width:], skip_special_tokens=False)
+        responses = output.sequences[:, width:]
+        texts = tokenizer.batch_decode(responses, skip_special_tokens=False)
         labels = [row["label"] for row in rows] * repeats
-        return sum(answer_of(text, "") == label for text, label in zip(texts, labels)) / len(texts)
+        accuracy = sum(
+            float(reward(tasks.response_of(text, ""), label)) for text, label in zip(texts, labels)
+        ) / len(texts)
+        # (R, T) entropy of each generated position; positions after the EOS token are padding
+        log_probs = torch.stack(output.logits, dim=1).float().log_softmax(-1)
+        entropy = -(log_probs.exp() * log_probs).sum(-1)
+        is_eos = responses == tokenizer.eos_token_id
+        generated = (is_eos.long().cumsum(-1) - is_eos.long()) == 0
+        return accuracy, float((entropy * generated).sum() / generated.sum())
 
-    return {"greedy": accuracy(False, 1), "sampled": accuracy(True, samples)}
+    greedy, _ = evaluate(False, 1)
+    sampled, entropy = evaluate(True, samples)
+    return {"greedy": greedy, "sampled": sampled, "entropy": entropy}
 
 
 def summarize(scalars, group_size, prompts_per_step):
@@ -149,7 +182,7 @@ def summarize(scalars, group_size, prompts_per_step):
     return steps
 
 
-def plot(steps, path, title):
+def plot(steps, path, title, task=tasks.DEFAULT_TASK):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -158,7 +191,7 @@ def plot(steps, path, title):
     x = [s["step"] for s in steps]
     figure, reward_axis = plt.subplots(figsize=(7, 4))
     rewards = [s["reward"] for s in steps]
-    reward_axis.plot(x, rewards, "o", color="tab:blue", alpha=0.45, label="rollout reward (exact match)")
+    reward_axis.plot(x, rewards, "o", color="tab:blue", alpha=0.45, label="rollout reward (task's reward)")
     window = [rewards[max(0, i - 4) : i + 1] for i in range(len(rewards))]
     reward_axis.plot(x, [sum(w) / len(w) for w in window], "-", color="tab:blue", label="reward, 5-step mean")
     reward_axis.set_xlabel("RL step")
@@ -172,7 +205,7 @@ def plot(steps, path, title):
     fraction_axis.set_ylim(0, 1)
     lines = reward_axis.get_lines() + fraction_axis.get_lines()
     reward_axis.legend(lines, [line.get_label() for line in lines], loc="upper left", fontsize=8)
-    reward_axis.set_title(f"{title} on the toy addition task (CPU)")
+    reward_axis.set_title(f"{title} on {'the toy addition task' if task == tasks.DEFAULT_TASK else task} (CPU)")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
@@ -185,10 +218,13 @@ def main(argv=None):
     logs = os.path.join(out, "logs")
     progress = Progress()
 
-    task_config = pipeline.TaskConfig(sft_epochs=options.sft_epochs, seed=options.seed)
-    rl_config = demo_rl_config(task_config, options.episodes, d3s=not options.grpo_only)
-    progress.say(f"building tokenizer, model and task in {out}; SFT warm start (log: {logs}/sft.log)")
+    overrides = {"sft_epochs": options.sft_epochs, "n_prompts": options.prompts}
+    task_config = pipeline.task_config(
+        options.task, seed=options.seed, **{key: value for key, value in overrides.items() if value is not None}
+    )
+    progress.say(f"building tokenizer, model and task {options.task} in {out}; SFT warm start (log: {logs}/sft.log)")
     prepared = pipeline.prepare(out, task_config, log_path=os.path.join(logs, "sft.log"), on_line=progress.sft_line)
+    rl_config = demo_rl_config(task_config, options.episodes, d3s=not options.grpo_only, prepared=prepared)
 
     rl_dir = os.path.join(out, "rl")
     algorithm = "GRPO" if options.grpo_only else "GRPO + D3S"
@@ -211,16 +247,18 @@ def main(argv=None):
     if not steps:
         raise SystemExit(f"no metrics were logged under {rl_dir}/tensorboard")
     progress.say("evaluating the SFT and the RL model on held-out problems")
+    evaluate = dict(seed=options.seed, task=options.task, max_new_tokens=prepared.max_new_tokens)
     heldout = {
-        "sft": heldout_accuracy(prepared.sft_model, prepared.task.heldout, seed=options.seed),
-        "rl": heldout_accuracy(os.path.join(rl_dir, "final_model"), prepared.task.heldout, seed=options.seed),
+        "sft": heldout_accuracy(prepared.sft_model, prepared.task.heldout, **evaluate),
+        "rl": heldout_accuracy(os.path.join(rl_dir, "final_model"), prepared.task.heldout, **evaluate),
     }
     first, last = steps[:5], steps[-5:]
     summary = {
         "algorithm": algorithm,
+        "task": options.task,
         "reward_before": sum(s["reward"] for s in first) / len(first),
         "reward_after": sum(s["reward"] for s in last) / len(last),
-        "reward_definition": "mean exact-match reward of the training rollouts (temperature 1, as logged by "
+        "reward_definition": "mean task reward of the training rollouts (temperature 1, as logged by "
         "OpenRLHF): before = mean of the first 5 steps (step 1 samples the SFT model), after = mean of the last 5",
         "heldout_accuracy": heldout,
         "steps": steps,
@@ -228,7 +266,7 @@ def main(argv=None):
     }
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
-    plot(steps, os.path.join(out, "progress.png"), algorithm)
+    plot(steps, os.path.join(out, "progress.png"), algorithm, options.task)
 
     print()
     print(f"{'step':>4} {'reward':>7} {'N':>4} {'K':>5} {'kept rollouts':>14} {'kept tokens':>12}")

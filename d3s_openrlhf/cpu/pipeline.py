@@ -10,6 +10,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 
+from d3s_openrlhf import tasks
 from d3s_openrlhf.cpu import toy
 
 REWARD_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "arith_reward.py")
@@ -81,9 +82,12 @@ def _terminate(process):
 
 @dataclass(frozen=True)
 class TaskConfig:
-    """The toy addition task and the size of its SFT warm start."""
+    """A task (a module of :mod:`d3s_openrlhf.tasks`, by import path or file path) and its SFT warm start.
 
-    max_operand: int = 29
+    The defaults are the built-in addition task's; :func:`task_config` applies a task module's own
+    ``TASK_CONFIG`` dict of these fields."""
+
+    task: str = tasks.DEFAULT_TASK
     n_sft: int = 420
     n_prompts: int = 400
     n_heldout: int = 80
@@ -93,23 +97,32 @@ class TaskConfig:
     seed: int = 0
 
 
+def task_config(task=tasks.DEFAULT_TASK, **overrides):
+    """``TaskConfig`` for ``task``: the defaults, then the module's ``TASK_CONFIG``, then ``overrides``."""
+    fields = {**getattr(tasks.load_task(task), "TASK_CONFIG", {}), **overrides}
+    return TaskConfig(task=task, **fields)
+
+
 @dataclass(frozen=True)
 class Prepared:
     base_model: str
     sft_model: str
     task: toy.TaskFiles
+    reward_file: str = REWARD_FILE  # the task's reward file for --reward.remote_url
+    max_new_tokens: int = 4  # the task's MAX_NEW_TOKENS, else the longest SFT response + EOS
+    max_len: int = 16  # prompt + response tokens (--data.max_len)
 
 
 # (flag, value) pairs, one per line
 # fmt: off
-def sft_args(base_model, data, output_dir, config):
+def sft_args(base_model, data, output_dir, config, max_len=32):
     return [
         "--model.model_name_or_path", base_model,
         "--data.dataset", data,
         "--data.input_key", "input",
         "--data.output_key", "output",
         "--data.input_template", "{}",
-        "--data.max_len", 32,
+        "--data.max_len", max_len,
         "--train.batch_size", config.sft_batch_size,
         "--train.micro_batch_size", config.sft_batch_size,
         "--train.max_epochs", config.sft_epochs,
@@ -125,23 +138,74 @@ def sft_args(base_model, data, output_dir, config):
 # fmt: on
 
 
-def prepare(workdir, config=TaskConfig(), log_path=None, on_line=None):
-    """Model, tokenizer and task files in ``workdir``, then the SFT warm start (``openrlhf.cli.train_sft``)."""
-    base = toy.save_model_and_tokenizer(os.path.join(workdir, "base_model"), seed=config.seed)
-    task = toy.write_task(
-        os.path.join(workdir, "data"),
-        max_operand=config.max_operand,
-        n_sft=config.n_sft,
-        n_prompts=config.n_prompts,
-        n_heldout=config.n_heldout,
-        seed=config.seed,
+def write_task_files(directory, config):
+    """The task's splits as OpenRLHF JSONL files, and the sizes the model and the runs need.
+
+    Returns ``(TaskFiles, characters, max_new_tokens, max_len)``: the characters of every example, sorted, or
+    the module's ``CHARACTERS`` (the tokenizer's vocabulary), the response budget (the module's ``MAX_NEW_TOKENS``, else the longest SFT response
+    plus EOS) and prompt + response tokens (BOS and EOS included)."""
+    task = tasks.load_task(config.task)
+    os.makedirs(directory, exist_ok=True)
+    splits = {
+        split: tasks.examples(task, split, n, config.seed)
+        for split, n in (("sft", config.n_sft), ("rl", config.n_prompts), ("heldout", config.n_heldout))
+    }
+    prompts = {split: {row["prompt"] for row in rows} for split, rows in splits.items()}
+    for a, b in (("sft", "rl"), ("sft", "heldout"), ("rl", "heldout")):
+        if prompts[a] & prompts[b]:
+            raise ValueError(f"{config.task}: the {a} and {b} splits share prompts, e.g. {min(prompts[a] & prompts[b])!r}")
+    rows = [row for split in splits.values() for row in split]
+    characters = sorted({ch for row in rows for key in ("prompt", "sft_response") for ch in row[key]})
+    if hasattr(task, "CHARACTERS"):  # the task's own vocabulary order (the addition task: the historical one)
+        unknown = set(characters) - set(task.CHARACTERS)
+        if unknown:
+            raise ValueError(f"{config.task}: examples use characters {sorted(unknown)} missing from its CHARACTERS")
+        characters = list(task.CHARACTERS)
+    longest = max((len(row["sft_response"]) for row in splits["sft"]), default=0) + 1
+    max_new_tokens = getattr(task, "MAX_NEW_TOKENS", longest)
+    max_len = max(len(row["prompt"]) for row in rows) + 1 + max(max_new_tokens, longest)
+    files = toy.TaskFiles(
+        sft=toy.write_jsonl(
+            os.path.join(directory, "sft.jsonl"),
+            [{"input": row["prompt"], "output": row["sft_response"]} for row in splits["sft"]],
+        ),
+        prompts=toy.write_jsonl(
+            os.path.join(directory, "prompts.jsonl"),
+            [{"input": row["prompt"], "label": row["answer"]} for row in splits["rl"]],
+        ),
+        heldout=toy.write_jsonl(
+            os.path.join(directory, "heldout.jsonl"),
+            [{"input": row["prompt"], "label": row["answer"]} for row in splits["heldout"]],
+        ),
     )
+    return files, characters, max_new_tokens, max_len
+
+
+def prepare(workdir, config=TaskConfig(), log_path=None, on_line=None):
+    """Task files, tokenizer, model and reward file in ``workdir``, then the SFT warm start
+    (``openrlhf.cli.train_sft``)."""
+    files, characters, max_new_tokens, max_len = write_task_files(os.path.join(workdir, "data"), config)
+    shape = toy.ModelShape(max_positions=max(64, 1 << (max_len - 1).bit_length()))
+    base = toy.save_model_and_tokenizer(
+        os.path.join(workdir, "base_model"), shape, seed=config.seed, characters=characters
+    )
+    reward_file = tasks.write_reward_file(config.task, os.path.join(workdir, "reward.py"))
     sft = os.path.join(workdir, "sft_model")
-    command = launcher_command("openrlhf.cli.train_sft", sft_args(base, task.sft, sft, config))
-    rc = run_logged(command, log_path or os.path.join(workdir, "logs", "sft.log"), on_line=on_line)
+    log_path = log_path or os.path.join(workdir, "logs", "sft.log")
+    command = launcher_command(
+        "openrlhf.cli.train_sft", sft_args(base, files.sft, sft, config, max_len=max(32, max_len))
+    )
+    rc = run_logged(command, log_path, on_line=on_line)
     if rc != 0:
-        raise RuntimeError(f"SFT failed (exit {rc}); see {log_path or os.path.join(workdir, 'logs', 'sft.log')}")
-    return Prepared(base_model=base, sft_model=sft, task=task)
+        raise RuntimeError(f"SFT failed (exit {rc}); see {log_path}")
+    return Prepared(
+        base_model=base,
+        sft_model=sft,
+        task=files,
+        reward_file=reward_file,
+        max_new_tokens=max_new_tokens,
+        max_len=max_len,
+    )
 
 
 @dataclass

@@ -18,14 +18,14 @@ SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
 CHARACTERS = tuple("0123456789+=")
 
 
-def build_tokenizer(filler_tokens=0):
-    """The character-level tokenizer; ``filler_tokens`` adds that many vocabulary entries ``<f0>``, ``<f1>``, ...
+def build_tokenizer(filler_tokens=0, characters=CHARACTERS):
+    """The character-level tokenizer over ``characters`` (one token each); ``filler_tokens`` adds that many vocabulary entries ``<f0>``, ``<f1>``, ...
     that no text encodes to (a randomly initialised model then rarely samples EOS: long responses for timing)."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     fillers = tuple(f"<f{i}>" for i in range(filler_tokens))
-    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + CHARACTERS + fillers)}
+    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + tuple(characters) + fillers)}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     core.normalizer = normalizers.Replace(Regex(r"\s+"), "")
     core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
@@ -67,9 +67,9 @@ def build_model(tokenizer, shape=ModelShape(), seed=0):
     return LlamaForCausalLM(config).to(torch.bfloat16)
 
 
-def save_model_and_tokenizer(path, shape=ModelShape(), seed=0, filler_tokens=0):
+def save_model_and_tokenizer(path, shape=ModelShape(), seed=0, filler_tokens=0, characters=CHARACTERS):
     """Write a fresh (randomly initialised) model and its tokenizer to ``path``; returns ``path``."""
-    tokenizer = build_tokenizer(filler_tokens)
+    tokenizer = build_tokenizer(filler_tokens, characters)
     model = build_model(tokenizer, shape, seed)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)

@@ -1,0 +1,116 @@
+"""Tasks as plug-ins (d3s_openrlhf.tasks): loading by import path and by file, the contract checks, the task files
+and tokenizer built from a module, and the generated reward file as OpenRLHF's workers load it."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from d3s_openrlhf import tasks
+from d3s_openrlhf.cpu import pipeline, toy
+from d3s_openrlhf.tasks import addition
+
+REVERSE_TASK = '''
+import random
+
+def make_examples(split, n, seed):
+    offset = {"sft": 0, "rl": 1, "heldout": 2}[split]
+    words = ["".join(w) for w in __import__("itertools").product("abcd", repeat=3)]
+    random.Random(seed).shuffle(words)
+    chosen = words[offset::3][:n]
+    return [{"prompt": w + ">", "answer": w[::-1], "sft_response": w[::-1]} for w in chosen]
+
+def reward(response, answer):
+    return float(response == answer)
+'''
+
+
+def write_module(directory, name="reverse_task", source=REVERSE_TASK):
+    path = directory / f"{name}.py"
+    path.write_text(textwrap.dedent(source))
+    return path
+
+
+def test_load_by_import_path_and_by_file(tmp_path):
+    assert tasks.load_task("d3s_openrlhf.tasks.addition") is addition
+    module = tasks.load_task(str(write_module(tmp_path)))
+    assert module.reward("cba", "cba") == 1.0 and module.reward("cb", "cba") == 0.0
+
+
+def test_bad_modules_are_named(tmp_path):
+    with pytest.raises(TypeError, match="must define reward"):
+        tasks.load_task(str(write_module(tmp_path, "no_reward", "def make_examples(split, n, seed):\n    return []\n")))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        tasks.load_task(str(tmp_path / "missing.py"))
+    short = write_module(tmp_path, "short", REVERSE_TASK.replace("[:n]", "[: n - 1]"))
+    with pytest.raises(ValueError, match="returned 3 examples"):
+        tasks.examples(tasks.load_task(str(short)), "sft", 4, 0)
+    spaced = write_module(tmp_path, "spaced", REVERSE_TASK.replace('w + ">"', 'w + " >"'))
+    with pytest.raises(ValueError, match="whitespace"):
+        tasks.examples(tasks.load_task(str(spaced)), "sft", 4, 0)
+
+
+def test_overlapping_splits_are_refused(tmp_path):
+    same = write_module(tmp_path, "same", REVERSE_TASK.replace('{"sft": 0, "rl": 1, "heldout": 2}[split]', "0"))
+    with pytest.raises(ValueError, match="share prompts"):
+        pipeline.write_task_files(str(tmp_path / "data"), pipeline.TaskConfig(task=str(same), n_sft=4, n_prompts=4, n_heldout=4))
+
+
+def test_addition_module_reproduces_the_historical_task_files(tmp_path):
+    files, characters, max_new_tokens, max_len = pipeline.write_task_files(str(tmp_path / "new"), pipeline.TaskConfig())
+    old = toy.write_task(str(tmp_path / "old"), max_operand=29, n_sft=420, n_prompts=400, n_heldout=80)
+    for new_path, old_path in zip(files.__dict__.values(), old.__dict__.values()):
+        assert open(new_path).read() == open(old_path).read()
+    assert tuple(characters) == toy.CHARACTERS and max_new_tokens == 4
+
+
+def test_task_files_and_tokenizer_from_a_module(tmp_path):
+    module = write_module(tmp_path)
+    config = pipeline.TaskConfig(task=str(module), n_sft=8, n_prompts=6, n_heldout=4)
+    files, characters, max_new_tokens, max_len = pipeline.write_task_files(str(tmp_path / "data"), config)
+    assert characters == [">", "a", "b", "c", "d"]
+    assert max_new_tokens == 4 and max_len == 4 + 1 + 4  # longest SFT response + EOS; prompt + BOS + response
+    rows = {name: [json.loads(line) for line in open(path)] for name, path in files.__dict__.items()}
+    assert [len(rows[k]) for k in ("sft", "prompts", "heldout")] == [8, 6, 4]
+    assert all(row["output"] == row["input"][:3][::-1] for row in rows["sft"])
+    tokenizer = toy.build_tokenizer(characters=characters)
+    ids = tokenizer(rows["sft"][0]["input"] + rows["sft"][0]["output"], add_special_tokens=False)["input_ids"]
+    assert len(ids) == 7 and tokenizer.unk_token_id not in ids
+
+
+@pytest.mark.parametrize("by", ["file", "import path on the driver's sys.path only"])
+def test_reward_file_loads_in_a_fresh_interpreter(tmp_path, by, monkeypatch):
+    """The reward file works where Ray workers run it: a new process, without the driver's sys.path additions."""
+    (tmp_path / "elsewhere").mkdir()
+    module = write_module(tmp_path / "elsewhere" if by == "file" else tmp_path, "worker_task")
+    if by == "file":
+        spec = str(module)
+    else:
+        monkeypatch.syspath_prepend(str(tmp_path))
+        spec = "worker_task"
+    reward_file = tasks.write_reward_file(spec, str(tmp_path / "reward.py"))
+    probe = textwrap.dedent(
+        f"""
+        import importlib.util, json
+        s = importlib.util.spec_from_file_location("reward_func", {reward_file!r})
+        m = importlib.util.module_from_spec(s); s.loader.exec_module(m)
+        out = m.reward_func(["<s>abc>cba</s><pad>", "abc>cb</s>", "<s>abd>dba"], ["abc>", "abc>", "abd>"],
+                            ["cba", "cba", "dba"])
+        print(json.dumps(out["rewards"].tolist()))
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(tasks.__file__))))
+    result = subprocess.run([sys.executable, "-c", probe], env=env, cwd=str(tmp_path.parent), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == [1.0, 0.0, 1.0]
+
+
+def test_response_of_cuts_at_eos_and_names_a_missing_prompt():
+    assert tasks.response_of("<s>1+2=3</s><pad>", "1+2=") == "3"
+    assert tasks.response_of("12", "") == "12"
+    with pytest.raises(ValueError, match="not found"):
+        tasks.response_of("<s>1+2=3", "2+2=")
