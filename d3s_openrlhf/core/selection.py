@@ -33,10 +33,10 @@ with m = 3: {1, 0, 0} and {1, 1, 0} have the same variance), one of them is draw
 papers are silent on ties.
 
 Devices and threads. The randomness is always drawn on the generator's device (a CPU generator with CUDA values
-works) and moved to the values' device. On CPU the work runs on one torch thread, and the one large sort (the
-tie-broken order of all values) is a numpy sort of unique 64-bit keys: torch's OpenMP sort and randperm slow down
-by tens of times on two cores when another process competes for them (measured: benchmarks/RESULTS_selection.md),
-while these small ops gain nothing from a second thread. The result is the same as the torch path's, bit for bit.
+works) and moved to the values' device. On CPU the work runs on one torch thread: torch's OpenMP sort and randperm
+slow down by tens of times on two cores when another process competes for them (measured:
+benchmarks/RESULTS_selection.md), while these small ops gain nothing from a second thread. The result does not
+depend on the thread count.
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ import contextlib
 import math
 import operator
 
-import numpy as np
 import torch
 
 _SCOPES = ("intra", "cross")
@@ -128,40 +127,18 @@ def _one_cpu_thread(device: torch.device):
         torch.set_num_threads(threads)
 
 
-def _numpy_ascending_order(key: torch.Tensor, order: torch.Tensor, rows: int, n: int) -> torch.Tensor:
-    """``_ascending_order``'s result for 32-bit keys on CPU, by one numpy sort of unique 64-bit keys.
-
-    Stably sorting the values visited in the random ``order`` is sorting them by (value key, position in
-    ``order``): packing both into one int64 (key in the high half) makes every key unique, so numpy's fast
-    unstable sort gives exactly the stable order, and the low halves are the positions in ``order``.
-    """
-    perm = order.numpy().astype(np.int64, copy=False)
-    key = key.numpy().astype(np.int64)
-    if rows == 1:  # composite key of the value visited at each position of the random order
-        packed = (key[perm] << 32) | np.arange(n, dtype=np.int64)
-    else:  # composite key of every value in place; rows are sorted independently
-        position = np.empty_like(perm)
-        position[perm] = np.arange(perm.size, dtype=np.int64)
-        packed = ((key << 32) | position).reshape(rows, n)
-    packed = np.sort(packed, axis=-1)
-    return torch.from_numpy(perm[packed & 0xFFFF_FFFF]).view(rows, n)
-
-
 def _ascending_order(x: torch.Tensor, generator) -> torch.Tensor:
     """order (R, n): flat indices into x (R, n) such that x.reshape(-1)[order[r]] is row r ascending, equal
     values in uniformly random order (independently across rows).
 
     All R * n values are visited in one uniformly random order, stably sorted by value, then stably sorted by
     row; the random order restricted to the ties of one row is again uniform. Only 1-D integer sorts, which
-    torch radix-sorts (from 32768 elements on), with keys as narrow as possible; on CPU one numpy sort of packed
-    keys gives the same order (``_numpy_ascending_order``).
+    torch radix-sorts (from 32768 elements on), with keys as narrow as possible.
     """
     rows, n = x.shape
     index_dtype = torch.int32 if rows * n <= torch.iinfo(torch.int32).max else torch.int64  # less to move
     order = _randperm(rows * n, generator, x.device, index_dtype)
     key = _order_preserving_bits(x).reshape(-1)
-    if x.device.type == "cpu" and key.dtype == torch.int32 and rows * n <= 2**31:
-        return _numpy_ascending_order(key, order, rows, n)
     order = order.index_select(0, key.index_select(0, order).sort(stable=True).indices)
     if rows > 1:
         row_dtype = torch.int16 if rows <= torch.iinfo(torch.int16).max else torch.int32
