@@ -106,3 +106,16 @@ def test_fp64_input_and_empty_positions():
 def test_rejects_bad_input(logits, chunk_size, fragment):
     with pytest.raises(ValueError, match=fragment):
         entropy_from_logits(logits, chunk_size=chunk_size)
+
+
+def test_peak_memory_is_bounded_by_a_chunk_on_a_non_contiguous_view(peak_memory):
+    """The experience forward's slice logits[:, :-1][:, -A:] of fp32 logits: the extra memory must be a few
+    (chunk, V) temporaries, not a copy of the (B, A, V) slice (which is what flattening the view would make)."""
+    batch, seq, width, vocab, chunk = 4, 97, 64, 1000, 8
+    logits = torch.randn(batch, seq, vocab)
+    view = logits[:, :-1][:, -width:]
+    assert not view.is_contiguous()
+    entropy, peak = peak_memory(entropy_from_logits, view, chunk_size=chunk)
+    torch.testing.assert_close(entropy, naive_entropy(view), atol=1e-5, rtol=0)
+    chunk_bytes, slice_bytes = chunk * vocab * 4, batch * width * vocab * 4
+    assert peak < 8 * chunk_bytes, f"peak {peak} bytes; a chunk is {chunk_bytes}, the whole slice {slice_bytes}"
