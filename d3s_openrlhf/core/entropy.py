@@ -14,16 +14,20 @@ from __future__ import annotations
 
 import itertools
 import numbers
+from typing import Optional
 
 import torch
 
+from d3s_openrlhf.core.logprobs import default_chunk_size
 
-def entropy_from_logits(logits: torch.Tensor, *, chunk_size: int = 1024) -> torch.Tensor:
+
+def entropy_from_logits(logits: torch.Tensor, *, chunk_size: Optional[int] = None) -> torch.Tensor:
     """Entropy of softmax(logits) over the last dimension.
 
     Args:
         logits: floating tensor of shape (..., T, V) with V >= 1.
-        chunk_size: number of positions (along T, within one leading index) processed at a time.
+        chunk_size: number of positions (along T, within one leading index) processed at a time; None picks
+            ``core.logprobs.default_chunk_size(V)`` (a ~1 GiB budget for the chunk's temporaries).
 
     Returns:
         fp32 tensor of shape (..., T).
@@ -34,6 +38,8 @@ def entropy_from_logits(logits: torch.Tensor, *, chunk_size: int = 1024) -> torc
         raise ValueError(f"logits must have shape (..., T, V), got shape {tuple(logits.shape)}")
     if logits.shape[-1] < 1:
         raise ValueError("logits must have a non-empty vocabulary dimension V")
+    if chunk_size is None:
+        chunk_size = default_chunk_size(logits.shape[-1])
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral) or chunk_size < 1:
         raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
 
