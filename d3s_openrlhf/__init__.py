@@ -9,6 +9,7 @@ from d3s_openrlhf.core.advantages import ADVANTAGE_ESTIMATORS, group_advantages
 from d3s_openrlhf.core.batching import intra_counts, kept_unit, legal_kept_count
 from d3s_openrlhf.core.config import PRESETS, D3SConfig
 from d3s_openrlhf.core.entropy import entropy_from_logits
+from d3s_openrlhf.core.logprobs import chunked_logprobs_entropy
 from d3s_openrlhf.core.schedule import DownSamplingSchedule
 from d3s_openrlhf.core.selection import select_rollouts, selection_stats
 from d3s_openrlhf.core.token_mask import token_keep_mask, token_mask_metrics
@@ -20,6 +21,7 @@ __all__ = [
     "PRESETS",
     "D3SConfig",
     "DownSamplingSchedule",
+    "chunked_logprobs_entropy",
     "entropy_from_logits",
     "group_advantages",
     "intra_counts",
