@@ -727,6 +727,34 @@ def study_main(path, output):
     return output
 
 
+def memory_section(memory):
+    """Peak extra memory of the log-prob / entropy forwards (bench_memory.py)."""
+    lines = [
+        "## 4. Memory of the log-prob and entropy forward",
+        "",
+        f"Command: `PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_memory.py` ({memory['date']}, "
+        f"{memory['machine']}). Peak extra memory from torch's CPU allocator events (exact, not RSS), in MiB: one "
+        f"sequence of T tokens, A = T/2 action tokens, hidden size {memory['hidden']}, vocabulary {memory['vocab']:,}, "
+        f"fp32 weights. Upstream's log-prob forward holds about twice the fp32 logits; D3S's entropy of the action "
+        "positions reads those logits in place (views, never a copy of the `logits[:, :-1][:, -A:]` slice) and adds "
+        f"the temporaries of one chunk of {memory['chunk_size']} positions at most; `chunked_logprobs_entropy` "
+        "computes the same log-probs and entropy from the final hidden states, one chunk of logits at a time, so its "
+        "peak does not grow with T.",
+        "",
+        "| T | fp32 logits | upstream forward | + D3S entropy | chunked kernel |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for row in memory["rows"]:
+        cells = [row["tokens"], row["logits_fp32_mib"], row["upstream_mib"], row["upstream_tap_mib"], row["chunked_mib"]]
+        lines.append("| " + " | ".join(f"{c:,.0f}" for c in cells) + " |")
+    lines += [
+        "",
+        "The training forward at a step with K < 1 (PPO-clip, no KL or entropy loss) applies the LM head at the kept "
+        "tokens only (README, Semantics): its logits are (kept tokens, V) instead of (B, S, V).",
+    ]
+    return lines
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--results", default=str(HERE / "results"))
@@ -750,7 +778,8 @@ def main(argv=None):
     document = [
         "# Benchmarks: what D3S costs and saves",
         "",
-        "Regenerate everything (about 45 minutes on 2 CPU cores): `bash benchmarks/run_all.sh`. Each section "
+        "Regenerate everything: `bash benchmarks/run_all.sh` (step cost, selection and this page: about 25 minutes "
+        "on 2 CPU cores; the learning section below is the 2026-11-21 run). Each section "
         "names its own command, machine and date. CPU only: no GPU was available for these measurements.",
         "",
         *summary(cost, target, methods),
@@ -762,6 +791,8 @@ def main(argv=None):
         *selection_section(selection, cost, methods),
         "",
     ]
+    if (results / "memory.json").exists():
+        document += [*memory_section(json.loads((results / "memory.json").read_text())), ""]
     Path(options.output).write_text("\n".join(document))
     print(f"wrote {options.output} and the plots in {results}")
 

@@ -11,6 +11,7 @@ bash examples/cpu/setup_env.sh
 PY=.venv/bin/python
 "$PY" benchmarks/bench_step_cost.py --out benchmarks/results
 "$PY" benchmarks/bench_selection.py
+"$PY" benchmarks/bench_memory.py
 "$PY" benchmarks/report.py --results benchmarks/results
 "$PY" benchmarks/bench_learning.py --out benchmarks/results
 "$PY" benchmarks/report.py --study benchmarks/results/learning_study.json --output benchmarks/results/learning_study.md

@@ -20,7 +20,6 @@ import runpy
 import sys
 from dataclasses import dataclass
 from typing import List, Sequence, Tuple
-from unittest import mock
 
 UPSTREAM_MODULE = "openrlhf.cli.train_ppo_ray"
 PREFIX = "[d3s cpu]"
@@ -60,6 +59,8 @@ def upstream_train_args(host_argv: Sequence[str]):
     import openrlhf.utils.config as host_config
     import ray
 
+    from d3s_openrlhf.integration.seams import swapped_globals
+
     captured = {}
     hierarchize = host_config.hierarchize
 
@@ -73,8 +74,8 @@ def upstream_train_args(host_argv: Sequence[str]):
     saved_argv = sys.argv
     sys.argv = [UPSTREAM_MODULE, *host_argv]
     try:
-        with mock.patch.object(host_config, "hierarchize", capture), mock.patch.object(
-            ray, "is_initialized", stop
+        with swapped_globals(host_config, hierarchize=capture), swapped_globals(
+            ray, is_initialized=stop
         ), contextlib.redirect_stdout(io.StringIO()):
             runpy.run_module(UPSTREAM_MODULE, run_name="__main__")
     except _ReachedTrain:
