@@ -747,10 +747,57 @@ def memory_section(memory):
     for row in memory["rows"]:
         cells = [row["tokens"], row["logits_fp32_mib"], row["upstream_mib"], row["upstream_tap_mib"], row["chunked_mib"]]
         lines.append("| " + " | ".join(f"{c:,.0f}" for c in cells) + " |")
+    return lines
+
+
+def forward_section(forward):
+    """Peak memory and time of the actor's forwards on OpenRLHF's Actor (bench_forward.py)."""
+    lines = [
+        "## 5. The actor's forwards without full logits",
+        "",
+        f"Command: `PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_forward.py` ({forward['date']}, "
+        f"{forward['machine']}). OpenRLHF's `Actor` around a randomly initialised model ({forward['model']}); one "
+        f"sequence of T tokens, A = T/2 action tokens. Peak extra memory (MiB, torch's CPU allocator events) and "
+        f"wall time (best of {forward['repeats']}). "
+        "Experience-making forward at a step with K < 1: upstream's log-prob forward; the same plus the entropy of "
+        "its logits (`--d3s.full_logits`); the head-free forward (log-probs and entropy from the hidden states, chunk "
+        "by chunk). Training step (forward and backward of the PG loss): upstream's forward over every position "
+        "(also what runs at K = 1) against the LM head at the ceil(K·A) kept tokens only.",
+        "",
+        "| T | fp32 logits | experience: upstream | + entropy (full logits) | head-free | ratio to upstream |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in forward["rows"]:
+        exp = row["experience"]
+        lines.append(
+            f"| {row['tokens']:,} | {row['logits_fp32_mib']:,.0f} | {exp['upstream']['peak_mib']:,.0f} MiB, "
+            f"{exp['upstream']['seconds']:.2f} s | {exp['full_logits']['peak_mib']:,.0f} MiB, "
+            f"{exp['full_logits']['seconds']:.2f} s | {exp['head_free']['peak_mib']:,.0f} MiB, "
+            f"{exp['head_free']['seconds']:.2f} s | {exp['head_free']['peak_mib'] / exp['upstream']['peak_mib']:.2f}× "
+            f"memory, {exp['head_free']['seconds'] / exp['upstream']['seconds']:.2f}× time |"
+        )
+    kept_names = [name for name in forward["rows"][0]["training"] if name != "upstream"]
     lines += [
         "",
-        "The training forward at a step with K < 1 (PPO-clip, no KL or entropy loss) applies the LM head at the kept "
-        "tokens only (README, Semantics): its logits are (kept tokens, V) instead of (B, S, V).",
+        "| T | training: upstream (K = 1) | " + " | ".join(f"{name}" for name in kept_names) + " |",
+        "|---:|---:|" + "---:|" * len(kept_names),
+    ]
+    for row in forward["rows"]:
+        train = row["training"]
+        base = train["upstream"]
+        cells = [f"{base['peak_mib']:,.0f} MiB, {base['seconds']:.2f} s"]
+        for name in kept_names:
+            cell = train[name]
+            cells.append(
+                f"{cell['peak_mib']:,.0f} MiB ({cell['peak_mib'] / base['peak_mib']:.2f}×), {cell['seconds']:.2f} s "
+                f"({cell['seconds'] / base['seconds']:.2f}×)"
+            )
+        lines.append(f"| {row['tokens']:,} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "The peaks include the model body's activations, which are the same in every variant; the LM head's share "
+        "is what changes. At K = 1 there is no token mask and upstream's forward runs unchanged, so it is never "
+        "slower there.",
     ]
     return lines
 
@@ -793,6 +840,8 @@ def main(argv=None):
     ]
     if (results / "memory.json").exists():
         document += [*memory_section(json.loads((results / "memory.json").read_text())), ""]
+    if (results / "forward.json").exists():
+        document += [*forward_section(json.loads((results / "forward.json").read_text())), ""]
     Path(options.output).write_text("\n".join(document))
     print(f"wrote {options.output} and the plots in {results}")
 

@@ -10,8 +10,8 @@ and ``train()`` run as shipped (through ``runpy``).
   ``ray.init`` and before any actor exists); then, for the duration of the run, the resolved config is attached
   to the host args as ``args.d3s`` (a namespace of the ``D3SConfig`` fields, added by wrapping
   ``openrlhf.utils.config.hierarchize``, so every Ray worker sees ``strategy.args.d3s``), and the module globals
-  that upstream's ``train()`` instantiates are pointed at the D3S classes: ``PolicyModelActor``, ``PPOTrainer``
-  and ``PPOTrainerAsync``.
+  that upstream's ``train()`` instantiates are pointed at the D3S classes: ``PolicyModelActor``,
+  ``ReferenceModelActor``, ``PPOTrainer`` and ``PPOTrainerAsync``.
 * ``--d3s.dry_run`` validates, prints the resolved configuration and the (N, K) and kept counts along the
   schedule, and exits without starting Ray.
 * ``--help`` prints upstream's help followed by the D3S flags.
@@ -324,10 +324,11 @@ def d3s_installed(config: D3SConfig):
     """Inside the block, upstream's ``train_ppo_ray`` builds the D3S actor, trainers and ``args.d3s``."""
     import openrlhf.trainer.ppo_trainer as ppo_trainer
     import openrlhf.trainer.ppo_trainer_async as ppo_trainer_async
+    import openrlhf.trainer.ray.launcher as launcher
     import openrlhf.trainer.ray.ppo_actor as ppo_actor
     import openrlhf.utils.config as host_config
 
-    from d3s_openrlhf.integration.actor import D3SPolicyModelActor
+    from d3s_openrlhf.integration.actor import D3SPolicyModelActor, D3SReferenceModelActor
     from d3s_openrlhf.integration.experience_maker import config_namespace
     from d3s_openrlhf.integration.seams import swapped_globals
     from d3s_openrlhf.integration.trainer import D3SPPOTrainer, D3SPPOTrainerAsync
@@ -342,6 +343,7 @@ def d3s_installed(config: D3SConfig):
     with contextlib.ExitStack() as stack:
         stack.enter_context(swapped_globals(host_config, hierarchize=hierarchize_with_d3s))
         stack.enter_context(swapped_globals(ppo_actor, PolicyModelActor=D3SPolicyModelActor))
+        stack.enter_context(swapped_globals(launcher, ReferenceModelActor=D3SReferenceModelActor))
         stack.enter_context(swapped_globals(ppo_trainer, PPOTrainer=D3SPPOTrainer))
         stack.enter_context(swapped_globals(ppo_trainer_async, PPOTrainerAsync=D3SPPOTrainerAsync))
         yield

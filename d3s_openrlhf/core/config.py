@@ -174,9 +174,11 @@ class D3SConfig:
     )
     full_logits: bool = _option(
         False,
-        "compute upstream's full-vocabulary logits in every forward; by default, steps with K < 1 whose loss reads "
-        "the kept tokens' log-probs only (PPO-clip, no KL loss, no entropy loss, no ring attention) apply the LM "
-        "head at the kept tokens alone, so the training step's logit memory is about K times upstream's",
+        "compute upstream's full-vocabulary logits in every forward; by default, at steps with K < 1 the "
+        "experience-making forwards of the actor and the reference compute log-probs and entropy chunk by chunk "
+        "from the final hidden states (no (B, S, V) logits), and training steps whose loss reads the kept tokens' "
+        "log-probs only (PPO-clip, no KL loss, no entropy loss, no ring attention) apply the LM head at the kept "
+        "tokens alone, so the training step's logit memory is about K times upstream's",
         bool,
     )
     dry_run: bool = _option(

@@ -199,7 +199,8 @@ class Cluster:
     dashboard_address: str = ""  # the job server, for `ray job submit --address`
     gcs_address: str = ""
     temp_dir: str = ""
-    leftovers: list = field(default_factory=list)  # set by stop()
+    leftovers: list = field(default_factory=list)  # set by stop(): processes that survived SIGKILL
+    killed: list = field(default_factory=list)  # set by stop(): processes that needed SIGKILL
 
     def _ray(self, *args):
         done = subprocess.run(
@@ -248,14 +249,14 @@ class Cluster:
     def __exit__(self, *exc):
         self.stop()
 
-    def stop(self, grace_s=30.0):
-        """Stop every process of the cluster by PID: SIGTERM, then SIGKILL what is left after ``grace_s``.
-        Returns "pid: command" of each process that needed SIGKILL or survived it."""
-        stubborn = []
+    def stop(self, grace_s=16.0):
+        """Stop every process of the cluster by PID, as ``ray stop`` does: SIGTERM, then SIGKILL what is left after
+        ``grace_s`` (its default grace period; Ray's GCS and raylet often outlast it, even idle: named in ``killed``).
+        Returns "pid: command" of each process that survived SIGKILL."""
+        pids = _marked(self.cluster_id)
         for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-            pids = _marked(self.cluster_id)
             if sig == signal.SIGKILL:
-                stubborn = [f"{pid}: {_command(pid)}" for pid in pids]
+                self.killed = [f"{pid}: {_command(pid)}" for pid in pids]
             for pid in pids:
                 try:
                     os.kill(pid, sig)
@@ -268,7 +269,7 @@ class Cluster:
             if not pids:
                 break
         shutil.rmtree(self.temp_dir, ignore_errors=True)
-        self.leftovers = stubborn + [f"{pid}: {_command(pid)}" for pid in _marked(self.cluster_id)]
+        self.leftovers = [f"{pid}: {_command(pid)}" for pid in _marked(self.cluster_id)]
         return self.leftovers
 
 
@@ -279,7 +280,7 @@ class Result:
     returncode: object  # int, or a text when the run was stopped after the timeout
     log: str
     steps: dict  # {global_step: {metric: value}} as OpenRLHF logged them
-    leftovers: list  # cluster processes that did not stop on SIGTERM (then killed)
+    leftovers: list  # cluster processes that survived SIGKILL
     seconds: float
 
     @property
@@ -356,6 +357,9 @@ def run_script(script, toy_files, outdir, nodes=1, gpus_per_node=1, timeout=600,
             rc = pipeline.run_logged(command, log_path, on_line=on_line, env=env, timeout=timeout)
         except TimeoutError:
             rc = f"none: stopped after {timeout}s"
+    if cluster.killed:
+        with open(log_path, "a") as log:
+            log.write(f"cluster processes killed after the SIGTERM grace period: {cluster.killed}\n")
     leftovers = cluster.leftovers
     # common.sh's RUN_NAME: <model profile>_<setting>
     tensorboard = os.path.join(script_vars["CKPT_ROOT"], name.replace("/", "_"), "tensorboard")

@@ -4,9 +4,12 @@ What runs here (inside each actor Ray worker):
 
 * ``D3SPolicyModelActor``: OpenRLHF's ``PolicyModelActor`` with two additions.
   ``forward(..., return_entropy=True)`` returns ``(action_log_probs, entropy)`` (both (B, A), on CPU) from the
-  same single no-grad forward; the entropy is ``core.entropy_from_logits`` over the action positions only and is
-  zero on padding, like the log-probs. The logits never leave the worker.
+  same single no-grad forward; the entropy is the policy entropy at the action positions only and is zero on
+  padding, like the log-probs. It is computed without full logits where ``experience_forward.head_free_blocker``
+  allows, otherwise by ``core.entropy_from_logits`` on upstream's logits. The logits never leave the worker.
   ``init_model_from_pretrained`` builds ``D3SActorPPOTrainer`` instead of upstream's trainer.
+* ``D3SReferenceModelActor``: OpenRLHF's ``ReferenceModelActor`` whose forward takes the same head-free path when
+  the experience maker asks for it (``head_free=True``, at steps with token selection).
 * ``D3SActorPPOTrainer``: takes ``experience.info["d3s_pg_mask"]`` (the token mask of the experience maker) out of
   each training micro-batch and hands it, with the matching normalisers, to ``D3SPolicyLoss`` for that step.
 * ``D3SPolicyLoss``: upstream's ``PolicyLoss`` restricted to the kept tokens.
@@ -46,6 +49,7 @@ import functools
 from contextlib import contextmanager
 from typing import Dict, Iterator, List, Optional, Sequence, Union
 
+import openrlhf.trainer.ray.launcher as launcher
 import openrlhf.trainer.ray.ppo_actor as ppo_actor
 import ray
 import torch
@@ -60,6 +64,7 @@ from openrlhf.utils.loss_utils import (
 )
 
 from d3s_openrlhf.core.entropy import entropy_from_logits
+from d3s_openrlhf.integration.experience_forward import HeadFreeForward, head_free_blocker
 from d3s_openrlhf.integration.experience_maker import config_from_args
 from d3s_openrlhf.integration.kept_forward import kept_forward_blocker, kept_token_forward
 from d3s_openrlhf.integration.seams import swapped_globals
@@ -389,10 +394,13 @@ class D3SPolicyModelActor(ppo_actor.PolicyModelActor.__ray_actor_class__):
         return_entropy: bool = False,
     ):
         """Upstream's forward; with ``return_entropy`` returns ``(action_log_probs, entropy)``, both (B, A) on
-        CPU, from the same single forward."""
+        CPU, from the same single forward, without full logits where ``head_free_blocker`` allows."""
         if not return_entropy:
             return super().forward(sequences, action_mask, attention_mask, packed_seq_lens, mm_train_inputs_list)
-        tap = _EntropyTap(self.actor)
+        if _head_free_blocker(self.strategy, self.actor) is None:
+            tap = HeadFreeForward(self.actor)
+        else:
+            tap = _EntropyTap(self.actor)
         self.actor = tap
         try:
             action_log_probs = super().forward(
@@ -401,3 +409,37 @@ class D3SPolicyModelActor(ppo_actor.PolicyModelActor.__ray_actor_class__):
         finally:
             self.actor = tap.model
         return action_log_probs, tap.entropy.to("cpu")
+
+
+def _head_free_blocker(strategy, model) -> Optional[str]:
+    config = config_from_args(strategy.args)
+    full_logits = config is not None and config.full_logits
+    return head_free_blocker(model, full_logits, strategy.ring_attn_group)
+
+
+@ray.remote(num_gpus=1)
+class D3SReferenceModelActor(launcher.ReferenceModelActor.__ray_actor_class__):
+    """OpenRLHF's reference model actor whose forward, when the experience maker asks (``head_free``, at steps with
+    token selection), computes the log-probs without full logits as the policy actor's entropy forward does."""
+
+    def forward(
+        self,
+        sequences: torch.LongTensor,
+        action_mask: Optional[torch.Tensor] = None,
+        attention_mask: Optional[torch.Tensor] = None,
+        return_output=False,
+        packed_seq_lens=None,
+        mm_train_inputs_list=None,
+        head_free: bool = False,
+    ):
+        upstream = functools.partial(
+            super().forward, sequences, action_mask, attention_mask, return_output, packed_seq_lens, mm_train_inputs_list
+        )
+        if not head_free or return_output or _head_free_blocker(self.strategy, self.model) is not None:
+            return upstream()
+        tap = HeadFreeForward(self.model)
+        self.model = tap
+        try:
+            return upstream()
+        finally:
+            self.model = tap.model

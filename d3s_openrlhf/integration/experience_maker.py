@@ -323,14 +323,18 @@ class D3SExperienceMaker(RemoteExperienceMaker):
         return experiences, entropies
 
     def _dispatch_forward(self, group, sync_condition, **kwargs):
-        """Upstream's dispatch; the actor's forward is asked for (log_probs, entropy) when token selection runs.
+        """Upstream's dispatch; when token selection runs, the actor's forward is asked for (log_probs, entropy) and
+        the reference's for its log-probs without full logits (both through ``experience_forward``).
 
         The refs to those pairs go to upstream's ``make_experience`` unchanged; ``_flatten_results`` recognises
         them and splits the pairs in this process (no extra Ray work).
         """
-        if group is not self.actor_model_group or not self._entropy_wanted:
+        if not self._entropy_wanted or group not in (self.actor_model_group, self.initial_model_group):
             return super()._dispatch_forward(group, sync_condition, **kwargs)
         batches = len(next(iter(kwargs.values())))
+        if group is self.initial_model_group:
+            # the reference's log-probs without full logits, like the actor's (D3SReferenceModelActor)
+            return super()._dispatch_forward(group, sync_condition, head_free=[True] * batches, **kwargs)
         self._pair_refs = super()._dispatch_forward(group, sync_condition, return_entropy=[True] * batches, **kwargs)
         return self._pair_refs
 

@@ -49,10 +49,20 @@ SUPPORTED_MODEL_TYPES = frozenset(
     }
 )
 
-def _causal_lm(actor: Actor) -> torch.nn.Module:
+def causal_lm(actor: Actor) -> torch.nn.Module:
     """The Hugging Face model inside the actor (under a DeepSpeed engine and/or a PEFT wrapper)."""
-    model = getattr(actor.model, "module", actor.model)
-    return model
+    return getattr(actor.model, "module", actor.model)
+
+
+def model_blocker(actor: Actor) -> Optional[str]:
+    """Why the actor's logits may not be its LM head's output on the final hidden states alone, or None."""
+    if getattr(actor, "is_vlm", False):
+        return "a vision-language model"
+    model = causal_lm(actor)
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES or model.get_output_embeddings() is None:
+        return f"model type {model_type!r} (its logits may not be the LM head's output alone)"
+    return None
 
 
 def kept_forward_blocker(args, actor: Actor, full_logits: bool, ring_attn_group=None) -> Optional[str]:
@@ -67,17 +77,11 @@ def kept_forward_blocker(args, actor: Actor, full_logits: bool, ring_attn_group=
         return "--actor.entropy_coef (the entropy loss needs every token's distribution)"
     if ring_attn_group is not None:
         return "--ds.ring_attn_size > 1"
-    if getattr(actor, "is_vlm", False):
-        return "a vision-language model"
-    model = _causal_lm(actor)
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    if model_type not in SUPPORTED_MODEL_TYPES or model.get_output_embeddings() is None:
-        return f"model type {model_type!r} (its logits may not be the LM head's output alone)"
-    return None
+    return model_blocker(actor)
 
 
 @contextlib.contextmanager
-def _head_input_recorded(head: torch.nn.Module, store: list) -> Iterator[None]:
+def head_input_recorded(head: torch.nn.Module, store: list) -> Iterator[None]:
     """Within the block the head's first call records its input (..., T, H) in ``store`` and runs on zero
     positions instead, so the model computes no logits."""
 
@@ -93,6 +97,36 @@ def _head_input_recorded(head: torch.nn.Module, store: list) -> Iterator[None]:
         yield
     finally:
         handle.remove()
+
+
+def final_hidden_states(actor: Actor, sequences, attention_mask, packed_seq_lens=None):
+    """Upstream's ``Actor.forward(..., return_output=True)`` with the LM head run on zero positions (ZeRO-3 still
+    gathers and releases its weight as in a full forward). Returns ``(hidden, output)``: the head's input, (B, S, H)
+    padded or (1, T, H) packed, and upstream's output with empty logits."""
+    head = causal_lm(actor).get_output_embeddings()
+    recorded = []
+    with head_input_recorded(head, recorded):
+        output = Actor.forward(
+            actor, sequences, None, attention_mask, return_output=True, packed_seq_lens=packed_seq_lens
+        )
+    (hidden,) = recorded
+    return hidden, output
+
+
+def action_hidden(actor: Actor, hidden, sequences, attention_mask, rows, columns, width: int):
+    """Final hidden states that predict the action tokens (rows, columns) of a (B, A) action grid, and those tokens.
+
+    hidden: from :func:`final_hidden_states`; rows, columns: (k,) indices into (B, A) -> ((k, H), (k,))."""
+    seqlen = sequences.shape[1]
+    # action position a is predicted at sequence position S - 1 - A + a (upstream: log_probs[:, :-1][:, -A:])
+    positions = seqlen - 1 - width + columns
+    targets = sequences[rows, positions + 1]
+    if not actor.packing_samples:
+        return hidden[rows, positions], targets
+    indices = unpad_and_slice_tensor(sequences, attention_mask, None)[-1]
+    packed_index = torch.full((sequences.numel(),), -1, dtype=torch.long, device=hidden.device)
+    packed_index[indices] = torch.arange(indices.numel(), device=hidden.device)
+    return hidden[0, packed_index[rows * seqlen + positions]], targets
 
 
 def _kept_log_probs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float):
@@ -131,33 +165,10 @@ def kept_token_forward(
         raise ValueError("the kept-token forward computes no entropy; use upstream's forward with an entropy loss")
     if ring_attn_group is not None:
         raise ValueError("the kept-token forward does not support ring attention")
-    head = _causal_lm(actor).get_output_embeddings()
-    recorded = []
-    with _head_input_recorded(head, recorded):
-        output = Actor.forward(
-            actor,
-            sequences,
-            None,
-            attention_mask,
-            return_output=True,
-            packed_seq_lens=packed_seq_lens,
-        )
-    (hidden,) = recorded  # (B, S, H) padded, (1, T, H) packed
-
-    batch, seqlen = sequences.shape
-    width = action_mask.shape[1]
-    kept = pg_mask.bool() & action_mask.bool()
-    rows, columns = kept.nonzero(as_tuple=True)
-    # action position a is predicted at sequence position S - 1 - A + a (upstream: log_probs[:, :-1][:, -A:])
-    positions = seqlen - 1 - width + columns
-    targets = sequences[rows, positions + 1]
-    if actor.packing_samples:
-        indices = unpad_and_slice_tensor(sequences, attention_mask, None)[-1]
-        packed_index = torch.full((batch * seqlen,), -1, dtype=torch.long, device=hidden.device)
-        packed_index[indices] = torch.arange(indices.numel(), device=hidden.device)
-        kept_hidden = hidden[0, packed_index[rows * seqlen + positions]]
-    else:
-        kept_hidden = hidden[rows, positions]
+    head = causal_lm(actor).get_output_embeddings()
+    hidden, output = final_hidden_states(actor, sequences, attention_mask, packed_seq_lens)
+    rows, columns = (pg_mask.bool() & action_mask.bool()).nonzero(as_tuple=True)
+    kept_hidden, targets = action_hidden(actor, hidden, sequences, attention_mask, rows, columns, action_mask.shape[1])
 
     # One head call for all kept tokens, also when there are none: under ZeRO-3 every head call gathers its
     # weight with a collective, so every rank must make the same number of calls (chunking by the local count of

@@ -685,26 +685,146 @@ def naive_entropy(logits):
     return -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
 
 
+def upstream_action_entropy(actor, e):
+    """The policy entropy at the action positions from upstream's full (B, S, V) temperature-scaled logits."""
+    with torch.no_grad():  # re-padded by upstream when packed
+        output = actor(e.sequences, None, e.attention_mask, return_output=True, allgather_logits=True)
+    logits = output["logits"].reshape(*e.sequences.shape, -1)  # packed: upstream re-pads to (B, S, 1, V)
+    return naive_entropy(logits[:, :-1][:, -e.action_mask.shape[1] :].float()) * e.action_mask
+
+
+def with_full_logits(args, full_logits):
+    args.d3s = D3SConfig(k_init=0.5, k_final=0.5, full_logits=full_logits).to_dict()
+    return args
+
+
 @pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
-def test_entropy_forward_returns_upstreams_log_probs_and_the_action_entropy(model_dir, cpu_cuda, packing):
+@pytest.mark.parametrize("full_logits", [False, True], ids=["head-free", "full-logits"])
+def test_entropy_forward_returns_upstreams_log_probs_and_the_action_entropy(model_dir, cpu_cuda, packing, full_logits):
     actor = load_actor(model_dir, temperature=0.7, packing_samples=packing)
-    worker = bare_policy_actor(actor, make_args())
+    worker = bare_policy_actor(actor, with_full_logits(make_args(), full_logits))
     e = make_experience(actor, seed=40, pg=None)
     upstream_forward = ppo_actor.PolicyModelActor.__ray_actor_class__.forward
 
     expected_log_probs = upstream_forward(worker, e.sequences, e.action_mask, e.attention_mask)
     assert torch.equal(worker.forward(e.sequences, e.action_mask, e.attention_mask), expected_log_probs)
+    heads = record_head_inputs(actor)
     log_probs, entropy = worker.forward(e.sequences, e.action_mask, e.attention_mask, return_entropy=True)
-    assert torch.equal(log_probs, expected_log_probs)
+    if full_logits:  # upstream's forward, bit for bit, and the entropy of its logits
+        assert torch.equal(log_probs, expected_log_probs)
+        assert heads[0][-2] > 0
+    else:  # the head ran on no position: no logits were built
+        torch.testing.assert_close(log_probs, expected_log_probs, rtol=1e-5, atol=1e-6)
+        assert [shape[-2] for shape in heads] == [0]
     assert log_probs.device.type == "cpu" and entropy.device.type == "cpu" and entropy.shape == log_probs.shape
     assert worker.actor is actor and actor.training
-
-    with torch.no_grad():  # the full (B, S, V) temperature-scaled logits, re-padded by upstream when packed
-        output = actor(e.sequences, None, e.attention_mask, return_output=True, allgather_logits=True)
-    logits = output["logits"].reshape(*e.sequences.shape, VOCAB)  # packed: upstream re-pads to (B, S, 1, V)
-    expected = naive_entropy(logits[:, :-1][:, -WIDTH:]) * e.action_mask
-    torch.testing.assert_close(entropy, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(entropy, upstream_action_entropy(actor, e), rtol=1e-5, atol=1e-5)
     assert torch.all(entropy[~e.action_mask] == 0) and torch.all(entropy[e.action_mask] > 0)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the experience-making forwards without full logits
+
+
+@pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_head_free_log_probs_equal_upstreams_forward(model_dir, cpu_cuda, packing, temperature, dtype):
+    from d3s_openrlhf.integration.experience_forward import head_free_log_probs
+
+    actor = load_actor(model_dir, temperature=temperature, packing_samples=packing)
+    actor.model.to(dtype)
+    e = make_experience(actor, seed=41, rows=5, pg=None)
+    e.action_mask[3] = False  # a rollout without action tokens (an empty response)
+    with torch.no_grad():
+        expected = actor(e.sequences, e.action_mask, e.attention_mask)
+    heads = record_head_inputs(actor)
+    tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    for chunk_size in (None, 1, 3):
+        heads.clear()
+        log_probs, entropy = head_free_log_probs(
+            actor, e.sequences, e.action_mask, e.attention_mask, chunk_size=chunk_size
+        )
+        assert [shape[-2] for shape in heads] == [0]  # the head ran on no position: no logits were built
+        assert log_probs.dtype == entropy.dtype == torch.float32 and log_probs.shape == e.action_mask.shape
+        torch.testing.assert_close(log_probs, expected, **tolerance)
+        torch.testing.assert_close(entropy, upstream_action_entropy(actor, e), **tolerance)
+        assert torch.all(log_probs[~e.action_mask] == 0) and torch.all(entropy[~e.action_mask] == 0)
+
+
+def test_head_free_forward_never_holds_the_full_logits(tmp_path, cpu_cuda, peak_memory):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from d3s_openrlhf.integration.experience_forward import head_free_log_probs
+
+    vocab, rows, length, width = 32768, 4, 64, 56
+    config = LlamaConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(tmp_path)
+    actor = load_actor(str(tmp_path))
+    g = torch.Generator().manual_seed(0)
+    sequences = torch.randint(0, vocab, (rows, length), generator=g)
+    attention_mask = torch.ones(rows, length, dtype=torch.long)
+    action_mask = torch.ones(rows, width, dtype=torch.bool)
+    full_logits_bytes = rows * length * vocab * 4
+    with torch.no_grad():
+        expected, upstream_peak = peak_memory(actor, sequences, action_mask, attention_mask)
+    (log_probs, _), peak = peak_memory(
+        head_free_log_probs, actor, sequences, action_mask, attention_mask, chunk_size=8
+    )
+    torch.testing.assert_close(log_probs, expected, rtol=1e-5, atol=1e-5)
+    assert upstream_peak >= full_logits_bytes  # the measurement sees upstream's logits
+    chunk_bytes = 8 * vocab * 4
+    assert peak < 6 * chunk_bytes < full_logits_bytes / 4, (peak, chunk_bytes, full_logits_bytes)
+
+
+def bare_reference_actor(actor, args):
+    from d3s_openrlhf.integration.actor import D3SReferenceModelActor
+
+    worker = D3SReferenceModelActor.__ray_actor_class__.__new__(D3SReferenceModelActor.__ray_actor_class__)
+    worker.model = actor
+    worker.strategy = MiniStrategy(args)
+    return worker
+
+
+@pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
+def test_reference_forward_without_full_logits_when_asked(model_dir, cpu_cuda, packing):
+    import openrlhf.trainer.ray.launcher as launcher
+
+    actor = load_actor(model_dir, temperature=0.8, packing_samples=packing)
+    actor.eval()
+    e = make_experience(actor, seed=42, pg=None)
+    upstream = launcher.ReferenceModelActor.__ray_actor_class__.forward
+    for full_logits in (False, True):
+        worker = bare_reference_actor(actor, with_full_logits(make_args(), full_logits))
+        expected = upstream(worker, e.sequences, e.action_mask, e.attention_mask)
+        assert torch.equal(worker.forward(e.sequences, e.action_mask, e.attention_mask), expected)
+        heads = record_head_inputs(actor)
+        got = worker.forward(e.sequences, e.action_mask, e.attention_mask, head_free=True)
+        assert worker.model is actor and got.device.type == "cpu"
+        if full_logits:
+            assert torch.equal(got, expected) and heads[0][-2] > 0
+        else:
+            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+            assert [shape[-2] for shape in heads] == [0]
+        actor.model.get_output_embeddings()._forward_hooks.clear()
+
+
+def test_head_free_forward_only_where_the_logits_are_the_heads_output(model_dir, cpu_cuda):
+    from d3s_openrlhf.integration.experience_forward import head_free_blocker
+
+    actor = load_actor(model_dir)
+    assert head_free_blocker(actor, False) is None
+    assert "--d3s.full_logits" in head_free_blocker(actor, True)
+    assert "ring_attn" in head_free_blocker(actor, False, object())
+    head = actor.model.lm_head
+    actor.model.lm_head = torch.nn.Sequential(head)  # e.g. a LoRA-wrapped head: not a plain nn.Linear
+    assert "Sequential" in head_free_blocker(actor, False)
+    actor.model.lm_head = head
+    actor.model.config.model_type = "gemma2"  # logits soft-capped after the head
+    assert "gemma2" in head_free_blocker(actor, False)
 
 
 def test_init_model_swaps_the_trainer_and_keeps_the_given_lr_horizon(model_dir, cpu_cuda):

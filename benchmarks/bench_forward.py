@@ -1,0 +1,186 @@
+"""Peak memory and time of the actor's forwards with and without full logits, on OpenRLHF's real ``Actor``.
+
+A Qwen2.5-like model (vocabulary 151,936, hidden size 896 as qwen2.5-0.5b, tied embeddings, 2 layers: the body
+is the same in every variant, only the LM head's share matters here), one sequence of T tokens of which A = T/2
+are action tokens, fp32 on CPU (the CPU's fast path; on GPU the head runs in bf16 and upstream additionally holds
+the bf16 logits, so its peak there is about 1.5x these logits).
+
+Experience-making forward (no grad), what a step with K < 1 computes:
+* ``upstream``:       OpenRLHF's ``Actor.forward`` (log-probs only: what upstream computes without D3S);
+* ``full_logits``:    upstream's forward plus the entropy of its logits (D3S with ``--d3s.full_logits``);
+* ``head_free``:      ``experience_forward.head_free_log_probs`` (log-probs and entropy, chunked, no full logits).
+
+Training step (forward and backward of a token-mean PG loss):
+* ``upstream``:       OpenRLHF's ``Actor.forward`` over every position (also D3S's path at K = 1, and with
+                      ``--d3s.full_logits``);
+* ``kept K``:         ``kept_forward.kept_token_forward`` with the LM head at the ceil(K * A) kept tokens only.
+
+Peak = the maximum bytes held by torch's CPU allocator above the level at the call's start (torch.profiler
+``[memory]`` events, exact, no CUDA needed); time = wall time of a separate, unprofiled call, best of ``--repeats``.
+
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_forward.py      # writes benchmarks/results/forward.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import platform
+import time
+from pathlib import Path
+
+import torch
+from openrlhf.models import Actor
+from torch.profiler import ProfilerActivity, profile
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from d3s_openrlhf.core.entropy import entropy_from_logits
+from d3s_openrlhf.integration.experience_forward import head_free_log_probs
+from d3s_openrlhf.integration.kept_forward import kept_token_forward
+
+MIB = 1 << 20
+
+
+def peak_bytes(fn) -> int:
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    level = peak = 0
+    for event in sorted(prof.profiler.kineto_results.events(), key=lambda event: event.start_ns()):
+        if event.name() == "[memory]":
+            level += event.nbytes()
+            peak = max(peak, level)
+    return peak
+
+
+def best_seconds(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def make_actor(args) -> Actor:
+    config = Qwen2Config(
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=args.hidden * 4,
+        num_hidden_layers=args.layers,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        max_position_embeddings=max(args.tokens),
+        tie_word_embeddings=True,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(0)
+    actor = Actor(Qwen2ForCausalLM(config).float())
+    actor.packing_samples = False  # set by Actor.__init__ only when it loads the model itself
+    return actor
+
+
+def batch(tokens: int, vocab: int):
+    width = tokens // 2
+    g = torch.Generator().manual_seed(tokens)
+    sequences = torch.randint(0, vocab, (1, tokens), generator=g)
+    attention_mask = torch.ones(1, tokens, dtype=torch.long)
+    action_mask = torch.ones(1, width, dtype=torch.bool)
+    advantages = torch.randn(1, width, generator=g)
+    return sequences, attention_mask, action_mask, advantages
+
+
+def experience_variants(actor, sequences, attention_mask, action_mask):
+    def upstream():
+        with torch.no_grad():
+            actor(sequences, action_mask, attention_mask)
+
+    def full_logits():
+        with torch.no_grad():
+            _, output = actor(sequences, action_mask, attention_mask, return_output=True)
+            entropy_from_logits(output["logits"][:, :-1][:, -action_mask.shape[1] :])
+
+    def head_free():
+        head_free_log_probs(actor, sequences, action_mask, attention_mask)
+
+    return {"upstream": upstream, "full_logits": full_logits, "head_free": head_free}
+
+
+def training_variants(actor, sequences, attention_mask, action_mask, advantages, fractions):
+    with torch.no_grad():
+        old = actor(sequences, action_mask, attention_mask)
+    scores = advantages.abs() * torch.rand(advantages.shape, generator=torch.Generator().manual_seed(1))
+
+    def step(forward, pg_mask):
+        actor.zero_grad(set_to_none=True)
+        log_probs = forward(pg_mask)
+        loss = -(torch.exp(log_probs - old) * advantages * pg_mask).sum() / pg_mask.sum().clamp(min=1)
+        loss.backward()
+        actor.zero_grad(set_to_none=True)  # the gradient buffers are the same in every variant
+
+    def upstream(pg_mask):
+        return actor(sequences, action_mask, attention_mask)
+
+    def kept(pg_mask):
+        return kept_token_forward(actor, sequences, action_mask, attention_mask, pg_mask=pg_mask, fill_log_probs=old)
+
+    variants = {"upstream": lambda: step(upstream, action_mask)}
+    width = action_mask.shape[1]
+    for fraction in fractions:
+        keep = max(1, math.ceil(fraction * width))
+        pg_mask = torch.zeros_like(action_mask)
+        pg_mask[0, scores[0].topk(keep).indices] = True
+        variants[f"kept {fraction:g}"] = lambda pg_mask=pg_mask: step(kept, pg_mask)
+    return variants
+
+
+def measure(variants, repeats):
+    out = {}
+    for name, fn in variants.items():
+        fn()  # warm-up: lazy initialisation is not part of the step
+        out[name] = {"peak_mib": peak_bytes(fn) / MIB, "seconds": best_seconds(fn, repeats)}
+        print(f"  {name:12s} peak {out[name]['peak_mib']:9.1f} MiB   {out[name]['seconds']:7.2f} s", flush=True)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1024, 4096])
+    parser.add_argument("--fractions", type=float, nargs="+", default=[0.05, 0.2])
+    parser.add_argument("--hidden", type=int, default=896)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--vocab", type=int, default=151_936)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "forward.json")
+    args = parser.parse_args()
+
+    actor = make_actor(args)
+    rows = []
+    for tokens in args.tokens:
+        sequences, attention_mask, action_mask, advantages = batch(tokens, args.vocab)
+        print(f"T = {tokens}: experience-making forward", flush=True)
+        actor.eval()
+        experience = measure(experience_variants(actor, sequences, attention_mask, action_mask), args.repeats)
+        print(f"T = {tokens}: training step", flush=True)
+        actor.train()
+        training = measure(
+            training_variants(actor, sequences, attention_mask, action_mask, advantages, args.fractions), args.repeats
+        )
+        rows.append(
+            {"tokens": tokens, "logits_fp32_mib": tokens * args.vocab * 4 / MIB, "experience": experience, "training": training}
+        )
+
+    result = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{platform.machine()} CPU ({torch.get_num_threads()} torch threads), torch {torch.__version__}",
+        "model": f"Qwen2-like, vocabulary {args.vocab:,}, hidden {args.hidden}, {args.layers} layers, tied, fp32",
+        "repeats": args.repeats,
+        "rows": rows,
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
