@@ -795,9 +795,10 @@ def forward_section(forward):
         lines.append(f"| {row['tokens']:,} | " + " | ".join(cells) + " |")
     lines += [
         "",
-        "The peaks include the model body's activations, which are the same in every variant; the LM head's share "
-        "is what changes. At K = 1 there is no token mask and upstream's forward runs unchanged, so it is never "
-        "slower there.",
+        "The peaks include what every variant holds alike: the model body's activations and, in the training step, "
+        "the gradient of the tied 151,936 × 896 embedding (545 MiB fp32), which dominates the kept-token peak at "
+        "short T; the LM head's logits are what changes. At K = 1 there is no token mask and upstream's forward "
+        "runs unchanged, so it is never slower there.",
     ]
     return lines
 
@@ -825,7 +826,7 @@ def main(argv=None):
     document = [
         "# Benchmarks: what D3S costs and saves",
         "",
-        "Regenerate everything: `bash benchmarks/run_all.sh` (step cost, selection and this page: about 25 minutes "
+        "Regenerate everything: `bash benchmarks/run_all.sh` (step cost, selection, memory and this page: about 35 minutes "
         "on 2 CPU cores; the learning section below is the 2026-11-21 run). Each section "
         "names its own command, machine and date. CPU only: no GPU was available for these measurements.",
         "",

@@ -27,7 +27,7 @@ def entropy_from_logits(logits: torch.Tensor, *, chunk_size: Optional[int] = Non
     Args:
         logits: floating tensor of shape (..., T, V) with V >= 1.
         chunk_size: number of positions (along T, within one leading index) processed at a time; None picks
-            ``core.logprobs.default_chunk_size(V)`` (a ~1 GiB budget for the chunk's temporaries).
+            ``core.logprobs.default_chunk_size(V)`` (a ~256 MiB budget for the chunk's temporaries).
 
     Returns:
         fp32 tensor of shape (..., T).

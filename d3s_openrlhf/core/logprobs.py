@@ -26,8 +26,9 @@ import torch
 import torch.nn.functional as F
 
 # chunk_size=None: as many positions per chunk as keep the chunk's fp32 logits and its same-size temporaries
-# (softmax, product; about 4 of them) within this budget: 441 positions at a 151,936 vocabulary.
-DEFAULT_CHUNK_BUDGET_BYTES = 1 << 30
+# (softmax, product; about 4 of them) within this budget: 110 positions at a 151,936 vocabulary. Small enough that a 1k-token
+# sequence holds well under its full logits, large enough that a chunk is one efficient matmul.
+DEFAULT_CHUNK_BUDGET_BYTES = 1 << 28
 _TEMPORARIES_PER_CHUNK = 4
 
 
@@ -106,7 +107,7 @@ def chunked_logprobs_entropy(
         targets: token ids (..., T) in [0, V): the token each position predicts.
         bias: optional (V,) output bias (models whose lm_head has one).
         temperature: positive float; the logits are divided by it after the fp32 cast, as upstream does.
-        chunk_size: positions per chunk; None picks :func:`default_chunk_size` (a ~1 GiB budget).
+        chunk_size: positions per chunk; None picks :func:`default_chunk_size` (a ~256 MiB budget).
 
     Returns:
         ``(log_probs, entropy)``, both fp32 (..., T). ``log_probs`` is differentiable w.r.t. hidden, weight and

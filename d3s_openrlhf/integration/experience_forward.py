@@ -6,7 +6,7 @@ policy entropy of the action positions, and the reference model's forward its lo
 Qwen2.5's 151,936-token vocabulary about 40 GB, plus the head's bf16 output. ``head_free_log_probs`` runs upstream's
 forward up to the LM head (``kept_forward.final_hidden_states``) and hands the final hidden states of the positions
 that predict action tokens to ``core.logprobs.chunked_logprobs_entropy``, which holds one chunk of logits at a time
-(about 1 GiB of them by default). The prompt's positions never reach the head.
+(about 256 MiB of them and their temporaries by default). The prompt's positions never reach the head.
 
 The arithmetic is upstream's: the head's matmul in the parameters' dtype, the cast to fp32, the division by
 ``--rollout.temperature``, log-softmax and entropy in fp32; the results equal upstream's forward within float

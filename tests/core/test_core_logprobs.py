@@ -96,7 +96,7 @@ def test_peak_memory_is_one_chunk_of_logits(requires_grad, peak_memory):
 
 
 def test_default_chunk_size_follows_the_budget():
-    assert default_chunk_size(151_936) == 441
+    assert default_chunk_size(151_936) == 110
     assert default_chunk_size(10**12) == 1
 
 
