@@ -32,26 +32,13 @@ import time
 from pathlib import Path
 
 import torch
+from bench_memory import MIB, peak_bytes  # benchmarks/ is sys.path[0] when this file runs
 from openrlhf.models import Actor
-from torch.profiler import ProfilerActivity, profile
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from d3s_openrlhf.core.entropy import entropy_from_logits
 from d3s_openrlhf.integration.experience_forward import head_free_log_probs
 from d3s_openrlhf.integration.kept_forward import kept_token_forward
-
-MIB = 1 << 20
-
-
-def peak_bytes(fn) -> int:
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    level = peak = 0
-    for event in sorted(prof.profiler.kineto_results.events(), key=lambda event: event.start_ns()):
-        if event.name() == "[memory]":
-            level += event.nbytes()
-            peak = max(peak, level)
-    return peak
 
 
 def best_seconds(fn, repeats: int) -> float:

@@ -397,18 +397,22 @@ class D3SPolicyModelActor(ppo_actor.PolicyModelActor.__ray_actor_class__):
         CPU, from the same single forward, without full logits where ``head_free_blocker`` allows."""
         if not return_entropy:
             return super().forward(sequences, action_mask, attention_mask, packed_seq_lens, mm_train_inputs_list)
-        if _head_free_blocker(self.strategy, self.actor) is None:
-            tap = HeadFreeForward(self.actor)
-        else:
-            tap = _EntropyTap(self.actor)
-        self.actor = tap
-        try:
+        tap_class = HeadFreeForward if _head_free_blocker(self.strategy, self.actor) is None else _EntropyTap
+        with _standing_in(self, "actor", tap_class(self.actor)) as tap:
             action_log_probs = super().forward(
                 sequences, action_mask, attention_mask, packed_seq_lens, mm_train_inputs_list
             )
-        finally:
-            self.actor = tap.model
         return action_log_probs, tap.entropy.to("cpu")
+
+
+@contextmanager
+def _standing_in(worker, name: str, tap):
+    """Within the block ``worker.<name>`` is ``tap``, a stand-in that wraps the original model as ``tap.model``."""
+    setattr(worker, name, tap)
+    try:
+        yield tap
+    finally:
+        setattr(worker, name, tap.model)
 
 
 def _head_free_blocker(strategy, model) -> Optional[str]:
@@ -437,9 +441,5 @@ class D3SReferenceModelActor(launcher.ReferenceModelActor.__ray_actor_class__):
         )
         if not head_free or return_output or _head_free_blocker(self.strategy, self.model) is not None:
             return upstream()
-        tap = HeadFreeForward(self.model)
-        self.model = tap
-        try:
+        with _standing_in(self, "model", HeadFreeForward(self.model)):
             return upstream()
-        finally:
-            self.model = tap.model
