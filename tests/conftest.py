@@ -1,4 +1,6 @@
-"""Shared fixtures. ``peak_memory``: peak CPU memory allocated while a function runs, from torch's own allocator events.
+"""Shared fixtures. ``toy_sft``: the SFT warm start of the toy model, once per session (every real Ray run of the
+suite, end-to-end and launch-script smoke, starts from it). ``peak_memory``: peak CPU memory allocated while a
+function runs, from torch's own allocator events.
 
 ``torch.profiler`` with ``profile_memory=True`` records every allocation and free made by torch's CPU allocator
 as a ``[memory]`` event with its signed size and time stamp. Their running sum in time order is the memory
@@ -23,6 +25,16 @@ def _peak_allocated_bytes(fn, *args, **kwargs):
         level += event.nbytes()
         peak = max(peak, level)
     return result, peak
+
+
+@pytest.fixture(scope="session")
+def toy_sft(tmp_path_factory):
+    """``pipeline.Prepared`` of the built-in addition task: the demo's SFT (~40% of sampled answers right), so that
+    nearly every group has reward variance and every optimizer window sees non-zero advantages (OpenRLHF logs
+    the grad norm of a step's last window only)."""
+    from d3s_openrlhf.cpu import pipeline
+
+    return pipeline.prepare(str(tmp_path_factory.mktemp("toy")))
 
 
 @pytest.fixture

@@ -24,19 +24,23 @@ Scopes. ``"intra"`` keeps exactly ``keep`` rollouts of every prompt (PODS, D3S-I
 tensor ops. ``"cross"`` (D3S default) pools the B*G values (each already normalised within its own group
 when they are advantages) and keeps ``keep`` in total (about N*B), so a prompt may keep many, few or none.
 
-Ties. With binary rewards most values are equal. Before the stable sort the values are put in an order
-drawn from ``generator`` (independently per row for intra), so equal values are kept in a random order: a
-tied rollout is not favoured by its position, and the same generator state gives the same selection. When
-several split points i reach the optimal score (within a relative 1e-10, e.g. 3 successes and 3 failures
-with m = 3: {1, 0, 0} and {1, 1, 0} have the same variance), one of them is drawn uniformly from
-``generator`` as well, so neither successes nor failures are systematically preferred. Our choice; the
-papers are silent on ties.
+Ties. With binary rewards most values are equal. Equal values are kept in a uniformly random order drawn
+from ``generator`` (independently per row for intra): a tied rollout is not favoured by its position, and
+the same generator state gives the same selection. Intra scope and the random rule stably sort the values
+after a random permutation; cross scope with max_var or max_reward sorts the values alone (the kept set is
+the ``split`` smallest and the ``keep - split`` largest: every value beyond the two boundary values, plus a
+uniformly drawn subset of the values equal to each boundary value). When several split points i reach the
+optimal score (within a relative 1e-10, e.g. 3 successes and 3 failures with m = 3: {1, 0, 0} and {1, 1, 0}
+have the same variance), one of them is drawn uniformly from ``generator`` as well, so neither successes
+nor failures are systematically preferred. Our choice; the papers are silent on ties.
 
-Devices and threads. The randomness is always drawn on the generator's device (a CPU generator with CUDA values
-works) and moved to the values' device. On CPU the work runs on one torch thread: torch's OpenMP sort and randperm
-slow down by tens of times on two cores when another process competes for them (measured:
-benchmarks/RESULTS_selection.md), while these small ops gain nothing from a second thread. The result does not
-depend on the thread count.
+Devices and threads. The randomness is always drawn on the generator's device (a CPU generator with CUDA
+values works) and moved to the values' device, so the same generator state gives the same selection on
+every device. On CPU the work runs on one torch thread: torch's OpenMP sort and randperm slow down by tens
+of times on two cores when another process competes for them (measured: benchmarks/RESULTS_selection.md),
+while these small ops gain nothing from a second thread; and cross scope sorts, compares and finds the kept
+positions in numpy, whose vectorised sort of the values alone is several times faster than torch's CPU sort.
+The result does not depend on the thread count.
 """
 
 from __future__ import annotations
@@ -45,14 +49,16 @@ import contextlib
 import math
 import operator
 
+import numpy as np
 import torch
 
 _SCOPES = ("intra", "cross")
 _RULES = ("max_var", "max_reward", "random")
 
 # Split points whose score is within this fraction of a row's scale (m * the sum of the centred squares of
-# its 2m candidate values, an upper bound of every score) of the best score count as tied optima. It is far above float64 cumsum rounding
-# (about n * 1.1e-16 in the worst case) and far below any variance difference that matters.
+# its 2m candidate values, an upper bound of every score) of the best score count as tied optima. It is far
+# above float64 cumsum rounding (about n * 1.1e-16 in the worst case) and far below any variance difference
+# that matters.
 _SCORE_RTOL = 1e-10
 
 
@@ -109,8 +115,10 @@ def _randperm(count: int, generator, device: torch.device, dtype=torch.int64) ->
     return torch.randperm(count, generator=generator, dtype=dtype, device=_random_device(generator, device)).to(device)
 
 
-def _rand(shape, generator, device: torch.device) -> torch.Tensor:
-    return torch.rand(shape, generator=generator, device=_random_device(generator, device)).to(device)
+def _rand(count: int, generator, device: torch.device) -> torch.Tensor:
+    """count uniform float64 draws in [0, 1): 53 random bits each."""
+    draws = torch.rand(count, generator=generator, dtype=torch.float64, device=_random_device(generator, device))
+    return draws.to(device)
 
 
 @contextlib.contextmanager
@@ -153,22 +161,69 @@ def _max_var_split(ends: torch.Tensor, m: int, generator) -> torch.Tensor:
     ends (R, w), each row ascending: the m smallest values of the row followed by its m largest (w = 2m), or
     the whole sorted row (w = n) when 2m >= n. Candidate i is ends[:, :i] + ends[:, w - m + i:].
     """
-    w = ends.shape[1]
+    rows, w = ends.shape
     x = ends.to(torch.float64)
     x = x - x.mean(dim=1, keepdim=True)
     # (2, R, w + 1): prefix sums of the values and of their squares, p[:, :, k] = sum of the first k
-    p = torch.nn.functional.pad(torch.stack([x, x * x]).cumsum(dim=2), (1, 0))
+    p = x.new_zeros(2, rows, w + 1)
+    torch.cumsum(x, dim=1, out=p[0, :, 1:])
+    torch.cumsum(x.square_(), dim=1, out=p[1, :, 1:])
     # candidate i = 0..m: prefix p[..., i] plus suffix p[..., w] - p[..., w - m + i]
     s1, s2 = p[..., : m + 1] - p[..., w - m :] + p[..., w:]
     score = torch.addcmul(m * s2, s1, s1, value=-1)  # (R, m + 1): m * S2 - S1^2 = m^2 * Var(S_i)
-    threshold = score.amax(dim=1, keepdim=True) - _SCORE_RTOL * m * p[1, :, w:]
-    tie_key = _rand(score.shape, generator, x.device)
-    return tie_key.masked_fill_(score < threshold, -1.0).argmax(dim=1)
+    optimal = score >= score.amax(dim=1, keepdim=True) - _SCORE_RTOL * m * p[1, :, w:]
+    # one of each row's optimal splits, uniformly: the k-th, k drawn uniformly below the row's count
+    k = (_rand(rows, generator, x.device) * optimal.sum(dim=1)).long()
+    return (optimal.cumsum(dim=1) > k.unsqueeze(1)).byte().argmax(dim=1)
+
+
+def _select_extremes(x: torch.Tensor, keep: int, rule: str, generator, use_numpy: bool) -> torch.Tensor:
+    """Cross scope, max_var and max_reward, on x (n,): the kept flat indices, ascending.
+
+    The kept set is the ``split`` smallest and the ``keep - split`` largest values (split = 0 for max_reward),
+    so only the sorted values are needed, not the sorting permutation: every value beyond the two boundary
+    values is kept, and the rest of each side's count is drawn uniformly from the values equal to its boundary
+    value -- the same distribution as ranking equal values in a uniformly random order. ``use_numpy`` (CPU
+    tensors only) does the sort, comparisons and nonzero in numpy, several times faster than torch's CPU ops
+    on one thread; the result is the same.
+    """
+    n, device = x.numel(), x.device
+    if use_numpy:
+        # widening the 16-bit dtypes to float32 is exact
+        x = (x if x.dtype in (torch.float32, torch.float64) else x.to(torch.float32)).numpy()
+        xs = torch.from_numpy(np.sort(x))
+        flatnonzero, count, as_index = np.flatnonzero, np.count_nonzero, torch.Tensor.numpy
+    else:
+        xs = x.sort().values
+        flatnonzero, count = (lambda a: a.nonzero().squeeze(1)), (lambda a: int(a.sum()))
+        as_index = lambda index: index.to(device)  # noqa: E731
+    split = 0
+    if rule == "max_var":
+        # only the keep smallest and the keep largest can be part of a candidate
+        ends = xs if 2 * keep >= n else torch.cat([xs[:keep], xs[n - keep :]])
+        split = int(_max_var_split(ends.unsqueeze(0), keep, generator))
+    high = keep - split
+    low_value = xs[split - 1].item() if split else -math.inf
+    high_value = xs[n - high].item() if high else math.inf
+    below, above = x < low_value, x > high_value
+    ties = {}  # boundary value -> how many of the values equal to it are kept
+    if split:
+        ties[low_value] = split - count(below)
+    if high:
+        ties[high_value] = ties.get(high_value, 0) + high - count(above)
+    kept = below | above
+    for value, need in ties.items():
+        equal = flatnonzero(x == value)
+        kept[equal[as_index(_randperm(len(equal), generator, device)[:need])]] = True
+    kept = flatnonzero(kept)
+    return torch.from_numpy(kept) if use_numpy else kept
 
 
 def _select(values: torch.Tensor, keep: int, scope: str, rule: str, generator) -> torch.Tensor:
     """select_rollouts after validation."""
     x = values.detach()
+    if scope == "cross" and rule != "random":
+        return _select_extremes(x.reshape(-1), keep, rule, generator, use_numpy=x.device.type == "cpu")
     if scope == "cross":
         x = x.reshape(1, -1)
     rows, n = x.shape

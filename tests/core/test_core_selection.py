@@ -413,6 +413,22 @@ def test_same_generator_state_gives_the_same_selection_on_every_device(device, g
         assert torch.equal(got.cpu(), expected)
 
 
+@PROPERTY
+@given(values=value_matrices(max_rows=5, max_cols=10, max_total=40), data=st.data(), seed=st.integers(0, 2**32))
+def test_cross_scope_torch_path_equals_the_numpy_path(values, data, seed):
+    """Cross scope runs numpy on CPU and torch elsewhere: the torch ops, run here on CPU, give the same
+    selection from the same generator state."""
+    import d3s_openrlhf.core.selection as selection
+
+    rule = data.draw(st.sampled_from(["max_var", "max_reward"]))
+    keep = data.draw(st.integers(1, values.numel()))
+    flat = values.reshape(-1)
+    expected = selection._select_extremes(flat, keep, rule, gen(seed), use_numpy=True)
+    got = selection._select_extremes(flat, keep, rule, gen(seed), use_numpy=False)
+    assert got.dtype == expected.dtype == torch.int64
+    assert torch.equal(got, expected)
+
+
 def recording_draws(monkeypatch):
     """Wrap torch.randperm and torch.rand (the real functions run) with a check that every draw is made on
     the device of the generator given; returns the list of devices drawn on."""
@@ -439,7 +455,9 @@ def test_every_random_draw_happens_on_the_generator_device(monkeypatch):
     values = torch.randint(0, 2, (6, 8), generator=gen(0)).float()
     for scope, rule in itertools.product(SCOPES, RULES):
         select_rollouts(values, 3, scope=scope, rule=rule, generator=gen(0))
-    assert len(draws) == 2 * 3 + 2  # a permutation per call, tied-split keys per max_var call
+    # intra: a permutation per call and the split draw of max_var (4); cross: random's permutation, a
+    # permutation of the tied values at each boundary (max_reward: 1, max_var: 2) and the split draw (5)
+    assert len(draws) == 9
     # Values on a device that is not the generator's (meta stands in for CUDA on a machine without one: the
     # same torch path runs, only the data is absent): the draws still happen on the CPU generator.
     kept = selection._select(torch.empty(6, 8, device="meta"), 3, "intra", "max_var", gen(0))

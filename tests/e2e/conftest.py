@@ -1,6 +1,6 @@
 """Fixtures of the end-to-end tests: real ``train_ppo_ray`` runs on the toy model, under the CPU runtime.
 
-One SFT checkpoint of the toy model is prepared per session; every test then runs the real Ray pipeline as a
+One SFT checkpoint of the toy model is prepared per session (``toy_sft``, tests/conftest.py); every test then runs the real Ray pipeline as a
 subprocess (``python -m d3s_openrlhf.cli.cpu <module> ...``), reads the metrics OpenRLHF logged to tensorboard
 and checks that no process of the run (Ray head, workers, vLLM engine) is left once it has exited. Processes
 of a run are recognised by a marker in their environment, which every descendant inherits.
@@ -22,14 +22,6 @@ from d3s_openrlhf.cpu.metrics import read_train_scalars
 
 MARKER = "D3S_E2E_RUN"
 RUN_TIMEOUT_S = 400  # a run takes 40-90 s here; a hang (e.g. a placement group without GPUs) must not stall CI
-
-
-@pytest.fixture(scope="session")
-def toy_sft(tmp_path_factory):
-    # The demo's SFT (~40% of sampled answers right): nearly every group has reward variance, so every
-    # optimizer window sees non-zero advantages (OpenRLHF logs the grad norm of a step's last window only).
-    workdir = tmp_path_factory.mktemp("toy")
-    return pipeline.prepare(str(workdir))
 
 
 def marked_processes(run_id):

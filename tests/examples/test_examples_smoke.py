@@ -17,8 +17,8 @@ SCRIPTS = Path(smoke.SCRIPTS) / "qwen2.5-math-1.5b"
 
 
 @pytest.fixture(scope="module")
-def toy_files(tmp_path_factory):
-    return smoke.prepare_toy(str(tmp_path_factory.mktemp("smoke_toy")))
+def toy_files(tmp_path_factory, toy_sft):
+    return smoke.prepare_toy(str(tmp_path_factory.mktemp("smoke_toy")), prepared=toy_sft)
 
 
 def assert_smoke_run(result, nodes):
