@@ -14,11 +14,11 @@ variance is maximising
     score(i) = m * S2(i) - S1(i)^2 = m^2 * Var(S_i),
     S1(i) = P1[i] + P1[n] - P1[n - m + i],   S2(i) = P2[i] + P2[n] - P2[n - m + i],
 
-where P1, P2 are the prefix sums (with P[0] = 0) of the sorted values and of their squares. Every candidate
-costs O(1), so a row costs O(n log n) for the sort; PODS's published code re-evaluates each candidate in
-O(m). Only the m smallest and the m largest values can be part of a candidate, so the sums run over those
-2m values (all n when 2m >= n). Scores are computed in float64 after centring those values on their mean,
-so near-ties are resolved like an exact search would resolve them.
+where P1, P2 are the prefix sums (with P[0] = 0) of the sorted values and of their squares. The score is
+unimodal in i (``_max_var_split``), so one prefix sum finds the best i and every tied one in O(m) after the
+sort: a row costs O(n log n); PODS's published code re-evaluates each candidate in O(m). Only the m smallest
+and the m largest values can be part of a candidate (all n when 2m >= n). The arithmetic is float64 on
+centred values, so near-ties are resolved like an exact search would resolve them.
 
 Scopes. ``"intra"`` keeps exactly ``keep`` rollouts of every prompt (PODS, D3S-I), all rows at once as
 tensor ops. ``"cross"`` (D3S default) pools the B*G values (each already normalised within its own group
@@ -30,7 +30,7 @@ the same generator state gives the same selection. Intra scope and the random ru
 after a random permutation; cross scope with max_var or max_reward sorts the values alone (the kept set is
 the ``split`` smallest and the ``keep - split`` largest: every value beyond the two boundary values, plus a
 uniformly drawn subset of the values equal to each boundary value). When several split points i reach the
-optimal score (within a relative 1e-10, e.g. 3 successes and 3 failures with m = 3: {1, 0, 0} and {1, 1, 0}
+optimal score (up to steps of 1e-10 * m * range^2, e.g. 3 successes and 3 failures with m = 3: {1, 0, 0} and {1, 1, 0}
 have the same variance), one of them is drawn uniformly from ``generator`` as well, so neither successes
 nor failures are systematically preferred. Our choice; the papers are silent on ties.
 
@@ -55,10 +55,10 @@ import torch
 _SCOPES = ("intra", "cross")
 _RULES = ("max_var", "max_reward", "random")
 
-# Split points whose score is within this fraction of a row's scale (m * the sum of the centred squares of
-# its 2m candidate values, an upper bound of every score) of the best score count as tied optima. It is far
-# above float64 cumsum rounding (about n * 1.1e-16 in the worst case) and far below any variance difference
-# that matters.
+# A step between neighbouring splits that changes the score by at most this fraction of m * span^2 (span: the
+# row's range; m^2 * span^2 / 4 bounds every score) leaves them tied. It is far above the float64 rounding of a
+# step (about m^2 * 1.1e-16 * span^2 in the worst case, m^1.5 * 1.1e-16 * span^2 typically) and, summed over
+# at most m steps, far below any variance difference that matters.
 _SCORE_RTOL = 1e-10
 
 
@@ -155,26 +155,45 @@ def _ascending_order(x: torch.Tensor, generator) -> torch.Tensor:
     return order.view(rows, n)
 
 
-def _max_var_split(ends: torch.Tensor, m: int, generator) -> torch.Tensor:
+def _max_var_split(ends: torch.Tensor, m: int, generator, use_numpy: bool | None = None) -> torch.Tensor:
     """Best split i (R,): keep the i smallest and the m - i largest values of each row.
 
     ends (R, w), each row ascending: the m smallest values of the row followed by its m largest (w = 2m), or
     the whole sorted row (w = n) when 2m >= n. Candidate i is ends[:, :i] + ends[:, w - m + i:].
+
+    Going from split i to i + 1 adds a_i = ends[:, i] and removes b_i = ends[:, w - m + i] (a_i <= b_i), which
+    changes score(i) = m * S2(i) - S1(i)^2 by
+
+        delta_i = (a_i - b_i) * g_i,   g_i = m * (a_i + b_i) - (a_i - b_i) - 2 * S1(i).
+
+    g is non-decreasing in i (a and b are, S1 is not increasing), so delta_i >= 0 while g_i < 0 and <= 0 after:
+    the score is unimodal, with its maximum at i* = #{i : g_i < 0}. The optimal splits are the run around i*
+    of steps that change the score by at most ``_SCORE_RTOL * m * span^2`` (span: the row's range); one of them
+    is drawn uniformly. One prefix sum (S1) per row. ``use_numpy`` (default: on CPU) runs the same arithmetic
+    on numpy arrays, in fewer and faster passes than torch's on one CPU thread.
     """
     rows, w = ends.shape
+    draws = _rand(rows, generator, ends.device)  # (R,) one uniform draw per row for its tied optima
     x = ends.to(torch.float64)
-    x = x - x.mean(dim=1, keepdim=True)
-    # (2, R, w + 1): prefix sums of the values and of their squares, p[:, :, k] = sum of the first k
-    p = x.new_zeros(2, rows, w + 1)
-    torch.cumsum(x, dim=1, out=p[0, :, 1:])
-    torch.cumsum(x.square_(), dim=1, out=p[1, :, 1:])
-    # candidate i = 0..m: prefix p[..., i] plus suffix p[..., w] - p[..., w - m + i]
-    s1, s2 = p[..., : m + 1] - p[..., w - m :] + p[..., w:]
-    score = torch.addcmul(m * s2, s1, s1, value=-1)  # (R, m + 1): m * S2 - S1^2 = m^2 * Var(S_i)
-    optimal = score >= score.amax(dim=1, keepdim=True) - _SCORE_RTOL * m * p[1, :, w:]
-    # one of each row's optimal splits, uniformly: the k-th, k drawn uniformly below the row's count
-    k = (_rand(rows, generator, x.device) * optimal.sum(dim=1)).long()
-    return (optimal.cumsum(dim=1) > k.unsqueeze(1)).byte().argmax(dim=1)
+    if ends.device.type == "cpu" if use_numpy is None else use_numpy:
+        x, draws, steps = x.numpy(), draws.numpy(), np.arange(m)
+    else:
+        steps = torch.arange(m, device=ends.device)
+    x = x - (x[:, :1] + x[:, -1:]) / 2  # centred on the mid-range: small sums, no cancellation
+    a, b = x[:, :m], x[:, w - m :]
+    d = a - b
+    s1 = d.cumsum(axis=1) - d + b.sum(axis=1, keepdims=True)  # S1(i), i < m
+    g = (a + b) * m - d - 2 * s1
+    span = x[:, -1:] - x[:, :1]
+    changes = abs(d * g) > _SCORE_RTOL * m * span * span  # steps that change the score
+    best = (g < 0).sum(axis=1, keepdims=True)  # i*
+    before = (changes & (steps < best)).sum(axis=1, keepdims=True)  # changing steps before i*
+    counted = changes.cumsum(axis=1)
+    low = (counted < before).sum(axis=1) + (before[:, 0] > 0)  # one past the last changing step before i*
+    high = (counted <= before).sum(axis=1)  # the first changing step from i* on (m if none)
+    tied = draws * (high - low + 1)
+    split = low + (tied.astype(np.int64) if isinstance(tied, np.ndarray) else tied.long())
+    return torch.as_tensor(split, device=ends.device)
 
 
 def _select_extremes(x: torch.Tensor, keep: int, rule: str, generator, use_numpy: bool) -> torch.Tensor:

@@ -429,6 +429,23 @@ def test_cross_scope_torch_path_equals_the_numpy_path(values, data, seed):
     assert torch.equal(got, expected)
 
 
+@PROPERTY
+@given(values=value_matrices(max_rows=5, max_cols=10, max_total=40), data=st.data(), seed=st.integers(0, 2**32))
+def test_max_var_split_torch_arithmetic_equals_the_numpy_arithmetic(values, data, seed):
+    """The best split runs in numpy on CPU and in torch elsewhere: the torch ops, run here on CPU, give the
+    same split from the same generator state, tied optima included."""
+    import d3s_openrlhf.core.selection as selection
+
+    rows, cols = values.shape
+    m = data.draw(st.integers(1, cols))
+    row_sorted = values.sort(dim=1).values
+    ends = row_sorted if 2 * m >= cols else torch.cat([row_sorted[:, :m], row_sorted[:, cols - m :]], dim=1)
+    expected = selection._max_var_split(ends, m, gen(seed), use_numpy=True)
+    got = selection._max_var_split(ends, m, gen(seed), use_numpy=False)
+    assert got.dtype == expected.dtype == torch.int64
+    assert torch.equal(got, expected)
+
+
 def recording_draws(monkeypatch):
     """Wrap torch.randperm and torch.rand (the real functions run) with a check that every draw is made on
     the device of the generator given; returns the list of devices drawn on."""
