@@ -30,9 +30,9 @@ the same generator state gives the same selection. Intra scope and the random ru
 after a random permutation; cross scope with max_var or max_reward sorts the values alone (the kept set is
 the ``split`` smallest and the ``keep - split`` largest: every value beyond the two boundary values, plus a
 uniformly drawn subset of the values equal to each boundary value). When several split points i reach the
-optimal score (up to steps of 1e-10 * m * range^2, e.g. 3 successes and 3 failures with m = 3: {1, 0, 0} and {1, 1, 0}
-have the same variance), one of them is drawn uniformly from ``generator`` as well, so neither successes
-nor failures are systematically preferred. Our choice; the papers are silent on ties.
+optimal score (up to steps of 1e-10 * m * range^2, e.g. 3 successes and 3 failures with m = 3: {1, 0, 0}
+and {1, 1, 0} have the same variance), one of them is drawn uniformly from ``generator`` as well, so neither
+successes nor failures are systematically preferred. Our choice; the papers are silent on ties.
 
 Devices and threads. The randomness is always drawn on the generator's device (a CPU generator with CUDA
 values works) and moved to the values' device, so the same generator state gives the same selection on

@@ -1,9 +1,10 @@
 """Fixtures of the end-to-end tests: real ``train_ppo_ray`` runs on the toy model, under the CPU runtime.
 
-One SFT checkpoint of the toy model is prepared per session (``toy_sft``, tests/conftest.py); every test then runs the real Ray pipeline as a
-subprocess (``python -m d3s_openrlhf.cli.cpu <module> ...``), reads the metrics OpenRLHF logged to tensorboard
-and checks that no process of the run (Ray head, workers, vLLM engine) is left once it has exited. Processes
-of a run are recognised by a marker in their environment, which every descendant inherits.
+One SFT checkpoint of the toy model is prepared per session (``toy_sft``, tests/conftest.py); every test then
+runs the real Ray pipeline as a subprocess (``python -m d3s_openrlhf.cli.cpu <module> ...``), reads the metrics
+OpenRLHF logged to tensorboard and checks that no process of the run (Ray head, workers, vLLM engine) is left
+once it has exited. Processes of a run are recognised by a marker in their environment, which every descendant
+inherits.
 """
 
 import math
