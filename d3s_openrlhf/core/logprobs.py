@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 
 # chunk_size=None: as many positions per chunk as keep the chunk's fp32 logits and its same-size temporaries
-# (softmax, product; about 4 of them) within this budget: 110 positions at a 151,936 vocabulary. Small enough that a 1k-token
-# sequence holds well under its full logits, large enough that a chunk is one efficient matmul.
+# (softmax, product; about 4 of them) within this budget: 110 positions at a 151,936 vocabulary. Small enough
+# that a 1k-token sequence holds well under its full logits, large enough that a chunk is one efficient matmul.
 DEFAULT_CHUNK_BUDGET_BYTES = 1 << 28
 _TEMPORARIES_PER_CHUNK = 4
 

@@ -203,8 +203,8 @@ def _select_extremes(x: torch.Tensor, keep: int, rule: str, generator, use_numpy
     so only the sorted values are needed, not the sorting permutation: every value beyond the two boundary
     values is kept, and the rest of each side's count is drawn uniformly from the values equal to its boundary
     value -- the same distribution as ranking equal values in a uniformly random order. ``use_numpy`` (CPU
-    tensors only) does the sort, comparisons and nonzero in numpy, several times faster than torch's CPU ops
-    on one thread; the result is the same.
+    tensors only) does the sort, the split's arithmetic, comparisons and nonzero in numpy, several times
+    faster than torch's CPU ops on one thread; the result is the same.
     """
     n, device = x.numel(), x.device
     if use_numpy:
@@ -220,7 +220,7 @@ def _select_extremes(x: torch.Tensor, keep: int, rule: str, generator, use_numpy
     if rule == "max_var":
         # only the keep smallest and the keep largest can be part of a candidate
         ends = xs if 2 * keep >= n else torch.cat([xs[:keep], xs[n - keep :]])
-        split = int(_max_var_split(ends.unsqueeze(0), keep, generator))
+        split = int(_max_var_split(ends.unsqueeze(0), keep, generator, use_numpy))
     high = keep - split
     low_value = xs[split - 1].item() if split else -math.inf
     high_value = xs[n - high].item() if high else math.inf
