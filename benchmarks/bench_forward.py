@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 import torch
-from bench_memory import MIB, peak_bytes  # benchmarks/ is sys.path[0] when this file runs
+from memory_probe import MIB, peak_allocated_bytes  # benchmarks/ is sys.path[0] when this file runs
 from openrlhf.models import Actor
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -126,7 +126,7 @@ def measure(variants, repeats):
     out = {}
     for name, fn in variants.items():
         fn()  # warm-up: lazy initialisation is not part of the step
-        out[name] = {"peak_mib": peak_bytes(fn) / MIB, "seconds": best_seconds(fn, repeats)}
+        out[name] = {"peak_mib": peak_allocated_bytes(fn)[1] / MIB, "seconds": best_seconds(fn, repeats)}
         print(f"  {name:12s} peak {out[name]['peak_mib']:9.1f} MiB   {out[name]['seconds']:7.2f} s", flush=True)
     return out
 

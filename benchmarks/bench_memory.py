@@ -10,9 +10,9 @@ vocabulary V = 151,936), starting from the final hidden states (the model body i
 * chunked:       ``chunked_logprobs_entropy`` from the hidden states (default chunk size), no full logits.
 
 Peak = the maximum, over the call, of the bytes held by torch's CPU allocator above the level at its start, from
-the ``[memory]`` events of torch.profiler(profile_memory=True) (exact, no CUDA needed; the same probe as the
-tests' ``peak_memory`` fixture). fp32 weights (the CPU's fast path); on GPU the lm_head runs in bf16 and the
-logits are cast to fp32, so upstream's peak there is 1.5x the fp32 logits.
+the ``[memory]`` events of torch.profiler(profile_memory=True) (exact, no CUDA needed; ``memory_probe.py``, the
+probe of the tests' ``peak_memory`` fixture too). fp32 weights (the CPU's fast path); on GPU the lm_head runs in
+bf16 and the logits are cast to fp32, so upstream's peak there is 1.5x the fp32 logits.
 
     PYTHONPATH=$PWD python benchmarks/bench_memory.py            # writes benchmarks/results/memory.json
 """
@@ -27,24 +27,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from memory_probe import MIB, peak_allocated_bytes  # benchmarks/ is sys.path[0] when this file runs
 from openrlhf.models.utils import compute_entropy, log_probs_from_logits
-from torch.profiler import ProfilerActivity, profile
 
 from d3s_openrlhf.core.entropy import entropy_from_logits
 from d3s_openrlhf.core.logprobs import chunked_logprobs_entropy, default_chunk_size
-
-MIB = 1 << 20
-
-
-def peak_bytes(fn) -> int:
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    level = peak = 0
-    for event in sorted(prof.profiler.kineto_results.events(), key=lambda event: event.start_ns()):
-        if event.name() == "[memory]":
-            level += event.nbytes()
-            peak = max(peak, level)
-    return peak
 
 
 def upstream(hidden, weight, targets, action_width, tap):
@@ -71,9 +58,9 @@ def main() -> None:
         targets = torch.randint(0, args.vocab, (1, tokens))
         width = tokens // 2
         row = {"tokens": tokens, "logits_fp32_mib": tokens * args.vocab * 4 / MIB}
-        row["upstream_mib"] = peak_bytes(lambda: upstream(hidden, weight, targets, width, False)) / MIB
-        row["upstream_tap_mib"] = peak_bytes(lambda: upstream(hidden, weight, targets, width, True)) / MIB
-        row["chunked_mib"] = peak_bytes(lambda: chunked_logprobs_entropy(hidden, weight, targets)) / MIB
+        row["upstream_mib"] = peak_allocated_bytes(lambda: upstream(hidden, weight, targets, width, False))[1] / MIB
+        row["upstream_tap_mib"] = peak_allocated_bytes(lambda: upstream(hidden, weight, targets, width, True))[1] / MIB
+        row["chunked_mib"] = peak_allocated_bytes(lambda: chunked_logprobs_entropy(hidden, weight, targets))[1] / MIB
         rows.append(row)
         print(" ".join(f"{key}={value:.1f}" if isinstance(value, float) else f"{key}={value}" for key, value in row.items()))
 
