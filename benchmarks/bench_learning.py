@@ -3,13 +3,15 @@
 Run from the repository root (parts and methods can run alone; each run appends to OUT/learning_study.json):
 
     .venv/bin/python benchmarks/bench_learning.py [--task d3s_openrlhf.tasks.chainsum] [--parts pods d3s]
-        [--methods ...] [--seeds 0 1 2] [--steps 150] [--out benchmarks/results]
+        [--methods ...] [--seeds 0 1 2] [--steps 100] [--precision fp32] [--out benchmarks/results]
     .venv/bin/python benchmarks/bench_learning.py --quick --out /tmp/quick   # the whole chain in a few minutes
 
 One SFT warm start per task and seed 0 (``pipeline.prepare``: tokenizer, 2-layer Llama, SFT, reward file from the
 task module) is shared by every run. Every run is ``d3s_openrlhf.cli.train_ppo_ray`` on the CPU runtime with
 ``--train.seed SEED``, ``PROMPTS`` prompts per step, lr 2e-4, train batch 32; the methods differ only in the
-rollouts generated per prompt and their ``--d3s.*`` flags. Two parts:
+rollouts generated per prompt and their ``--d3s.*`` flags. SFT and RL run in float32 (the CPU launcher's
+``--fp32``; ``--precision bf16`` for upstream's bf16, which CPUs without native bf16 emulate about 9x slower).
+Two parts:
 
 - ``pods`` (PODS as published, n = 4m): GRPO generating and training n = m = 4 rollouts per prompt, against PODS
   generating n = 16 and training m = 4 (advantages over the kept subset) with each of PODS's rules: max-variance
@@ -28,6 +30,11 @@ norm, step timings). Every ``--eval-every`` steps the run saves the actor (``--c
 each checkpoint and the final model are evaluated on the held-out split: greedy and sampled (T = 1) accuracy
 and the policy's mean per-token entropy over its sampled responses. ``benchmarks/report.py --study`` turns
 ``learning_study.json`` into tables, tests and plots.
+
+Cost on 2 CPU cores (AMD EPYC, fp32, 2026-11-24), at the defaults (3 seeds x 100 steps): the SFT 4.4 minutes, the
+``pods`` part 43 minutes, the ``d3s`` part 76, in all 124 (the machine's speed varied by up to 51% between seeds;
+seed 0 of both parts took 38 minutes). A run spends ~45 s starting Ray, the actors and the vLLM engine, then steps of
+0.95 s (GRPO at n = 4) to 1.9 s (GRPO at G = 16), about half of it generating; held-out evaluations take seconds.
 
 ``--quick`` smoke-tests the whole chain (a 1-epoch SFT on 64 examples, every method for 1 seed x 3 steps, the
 evaluations, the report) in a few minutes. Every invocation ends with ``report.py --study`` on the results so far
@@ -100,24 +107,24 @@ KEYS = (
 CHECKPOINT = re.compile(r"global_step(\d+)_hf$")
 
 
-def rl_config(prepared, part, method, seed, steps, eval_every, prompts=PROMPTS):
+def rl_config(prepared, part, method, seed, steps, eval_every, prompts=PROMPTS, fp32=True):
     group, flags = PARTS[part][method]
     config = demo.demo_rl_config(pipeline.TaskConfig(), episodes=1, prepared=prepared)
     extra = list(flags)
     if eval_every:
         extra += ["--ckpt.save_steps", eval_every, "--ckpt.save_hf", "--ckpt.disable_ds"]
     return dataclasses.replace(
-        config, prompts_per_step=prompts, samples_per_prompt=group, steps=steps, seed=seed, extra=extra
+        config, prompts_per_step=prompts, samples_per_prompt=group, steps=steps, seed=seed, extra=extra, fp32=fp32
     )
 
 
-def run(prepared, task, part, method, seed, workdir, steps, eval_every, samples, prompts=PROMPTS):
+def run(prepared, task, part, method, seed, workdir, steps, eval_every, samples, prompts=PROMPTS, fp32=True):
     """One RL run and its held-out evaluations; returns the per-step metrics and the evaluation curve."""
-    config = rl_config(prepared, part, method, seed, steps, eval_every, prompts)
+    config = rl_config(prepared, part, method, seed, steps, eval_every, prompts, fp32)
     name = f"{part}-{method}-seed{seed}"
     run_dir = os.path.join(workdir, name)
     command = pipeline.launcher_command(
-        pipeline.D3S_ENTRYPOINT, pipeline.ppo_args(prepared.sft_model, prepared.task, run_dir, config)
+        pipeline.D3S_ENTRYPOINT, pipeline.ppo_args(prepared.sft_model, prepared.task, run_dir, config), config.fp32
     )
     log = os.path.join(workdir, f"{name}.log")
     started = time.time()
@@ -159,10 +166,17 @@ def main(argv=None):
     parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=list(PARTS))
     parser.add_argument("--methods", nargs="+", default=None, help="only these methods (names as in PARTS)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=150, help="RL steps per run (8 prompts each)")
-    parser.add_argument("--eval-every", type=int, default=25, help="held-out evaluation every this many steps")
+    parser.add_argument("--steps", type=int, default=100, help="RL steps per run (8 prompts each)")
+    parser.add_argument("--eval-every", type=int, default=20, help="held-out evaluation every this many steps")
     parser.add_argument("--eval-samples", type=int, default=4, help="sampled responses per held-out prompt")
     parser.add_argument("--prompts", type=int, default=PROMPTS, help="prompts per RL step")
+    parser.add_argument(
+        "--precision",
+        choices=["fp32", "bf16"],
+        default="fp32",
+        help="fp32: SFT and RL under the CPU launcher's --fp32 (bf16 is emulated, ~9x slower, on CPUs without "
+        "native bf16); bf16: upstream's --ds.param_dtype default",
+    )
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -188,26 +202,31 @@ def main(argv=None):
         part: [m for m in PARTS[part] if options.methods is None or m in options.methods] for part in options.parts
     }
 
-    prepare_dir = os.path.join(workdir, "task-" + re.sub(r"\W+", "_", options.task))
+    task_name = re.sub(r"\W+", "_", options.task)
+    prepare_dir = os.path.join(workdir, f"task-{task_name}-{options.precision}")
     started = time.time()
     if os.path.exists(os.path.join(prepare_dir, "prepared.json")):  # parts run alone share one SFT warm start
         prepared = pipeline.Prepared(**load(os.path.join(prepare_dir, "prepared.json")))
         prepared = dataclasses.replace(prepared, task=pipeline.toy.TaskFiles(**prepared.task))
         sft_seconds = None
     else:
-        prepared = pipeline.prepare(prepare_dir, task_config, log_path=os.path.join(workdir, "sft.log"))
+        prepared = pipeline.prepare(
+            prepare_dir, task_config, log_path=os.path.join(workdir, "sft.log"), fp32=options.precision == "fp32"
+        )
         sft_seconds = time.time() - started
         Path(prepare_dir, "prepared.json").write_text(json.dumps(dataclasses.asdict(prepared)))
     results_path = os.path.join(out, "learning_study.json")
     document = load(results_path) or {}
-    if document.get("task") not in (None, options.task):
-        raise SystemExit(f"{results_path} holds results of task {document['task']}; give another --out")
+    for key, value in (("task", options.task), ("precision", options.precision)):
+        if document.get(key, value) != value:
+            raise SystemExit(f"{results_path} holds results of {key} {document[key]}; give another --out")
     evaluate = dict(task=options.task, max_new_tokens=prepared.max_new_tokens, samples=options.eval_samples)
-    if "sft_heldout" not in document:
+    if "sft_heldout" not in document or sft_seconds is not None:  # a new warm start is evaluated anew
         document["sft_heldout"] = demo.heldout_accuracy(prepared.sft_model, prepared.task.heldout, seed=0, **evaluate)
         print(f"SFT warm start: held-out {document['sft_heldout']}", flush=True)
     document.update(
         task=options.task,
+        precision=options.precision,
         task_config=dataclasses.asdict(task_config),
         machine=f"{cpu_model()}, {os.cpu_count()} CPUs",
         prompts_per_step=options.prompts,
@@ -221,7 +240,7 @@ def main(argv=None):
             for method in methods:
                 result = run(
                     prepared, options.task, part, method, seed, workdir, options.steps, options.eval_every,
-                    options.eval_samples, options.prompts,
+                    options.eval_samples, options.prompts, options.precision == "fp32",
                 )  # fmt: skip
                 result["flags"] = [str(flag) for flag in PARTS[part][method][1]]
                 result["date"] = time.strftime("%Y-%m-%d")

@@ -2,10 +2,11 @@
 
     .venv/bin/python benchmarks/report.py [--results benchmarks/results]
 
-Reads ``selection.json`` (bench_selection.py), ``step_cost.json`` (bench_step_cost.py) and ``learning.json``
-(the earlier addition-task learning runs). ``--study learning_study.json --output STUDY.md`` instead writes the
-report of ``bench_learning.py``'s study (tables, Welch tests, ``STUDY.png``). Every number and every comparison in the document is computed here from those files, so
-a rerun of ``benchmarks/run_all.sh`` regenerates the whole document consistently.
+Reads ``step_cost.json`` (bench_step_cost.py), ``learning_study.json`` (bench_learning.py, section 2),
+``selection.json`` (bench_selection.py), ``memory.json`` and ``forward.json``. ``--study learning_study.json
+--output STUDY.md`` instead writes the study alone (tables, Welch tests, the claims, ``STUDY.png``). Every number,
+comparison and verdict in the document is computed here from those files, so a rerun of
+``benchmarks/run_all.sh`` regenerates the whole document consistently.
 """
 
 from __future__ import annotations
@@ -13,16 +14,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import statistics
 from pathlib import Path
 
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-SMOOTH = 10  # steps of the trailing mean used for "reward reached" and for the final reward
-GAIN_FRACTIONS = (0.5, 0.75, 0.9, 1.0)  # of GRPO's reward gain over the run
+SMOOTH = 10  # steps of the trailing mean of the per-step curves in the study's plot
 PAPER_SPEEDUP = {"D3S": 2.04, "PODS": 1.7}  # D3S: 2.04x faster than GRPO; PODS: >= 1.7x sooner to GRPO's peak
-COLORS = {"GRPO": "tab:gray", "PODS": "tab:orange", "D3S": "tab:blue", "D3S-I": "tab:green"}
+ALPHA = 0.05  # a difference is called resolved when the Welch test's p is below this
 
 
 def trailing_mean(values, window=SMOOTH):
@@ -30,125 +31,6 @@ def trailing_mean(values, window=SMOOTH):
     sums = np.cumsum(np.insert(values, 0, 0.0))
     counts = np.minimum(np.arange(1, len(values) + 1), window)
     return (sums[1:] - sums[np.arange(1, len(values) + 1) - counts]) / counts
-
-
-# -- learning efficiency ------------------------------------------------------------------------------------------
-
-
-def seed_curves(run):
-    """Per step: reward, training wall clock (cumulative), cumulative policy-gradient tokens, grad norm."""
-    steps = run["steps"]
-    reward = np.array([s["rollout/reward_mean"] for s in steps])
-    wall = np.cumsum([s["timing/step_total"] for s in steps])
-    tokens = np.cumsum(
-        [
-            s["d3s/kept_tokens"]
-            if "d3s/kept_tokens" in s
-            else s["rollout/response_length_mean"] * s["rollout/num_samples"]
-            for s in steps
-        ]
-    )
-    grad = np.array([s["actor_grad_norm"] for s in steps])
-    kept = np.array([s.get("d3s/kept_rollouts", s["rollout/num_samples"]) for s in steps])
-    select = np.array([s.get("d3s/select_time_s", 0.0) for s in steps])
-    step_total = np.array([s["timing/step_total"] for s in steps])
-    untrained = np.array([s["timing/generation"] + s["timing/broadcast"] for s in steps])  # not touched by D3S
-    return dict(
-        reward=reward, wall=wall, tokens=tokens, grad=grad, kept=kept, select=select, step_total=step_total,
-        untrained=untrained,
-    )  # fmt: skip
-
-
-def first_reach(smoothed, target):
-    # the tolerance lets GRPO's own curve reach its final value (its last trailing mean is that value)
-    hits = np.nonzero(smoothed >= target - 1e-9)[0]
-    return int(hits[0]) if len(hits) else None
-
-
-def learning_analysis(document):
-    methods = {}
-    for method, seeds in document["results"].items():
-        curves = [seed_curves(run) for run in seeds.values()]
-        mean = {key: np.mean([c[key] for c in curves], axis=0) for key in curves[0]}
-        methods[method] = {
-            "curves": curves,
-            "mean": mean,
-            "heldout_greedy": [run["heldout"]["greedy"] for run in seeds.values()],
-            "heldout_sampled": [run["heldout"]["sampled"] for run in seeds.values()],
-            "final": [float(c["reward"][-SMOOTH:].mean()) for c in curves],
-            "seeds": list(seeds),
-        }
-    target = float(np.mean(methods["GRPO"]["final"]))
-    for info in methods.values():
-        mean = info["mean"]
-        index = first_reach(trailing_mean(mean["reward"]), target)
-        info["reach_step"] = None if index is None else index + 1
-        info["reach_wall"] = None if index is None else float(mean["wall"][index])
-        info["reach_tokens"] = None if index is None else float(mean["tokens"][index])
-        per_seed = []
-        for curve in info["curves"]:
-            hit = first_reach(trailing_mean(curve["reward"]), target)
-            per_seed.append(None if hit is None else float(curve["wall"][hit]))
-        info["reach_wall_per_seed"] = per_seed
-    # the same SFT model samples step 1 of every run: the common starting reward
-    start = float(np.mean([info["mean"]["reward"][0] for info in methods.values()]))
-    for info in methods.values():
-        smoothed = trailing_mean(info["mean"]["reward"])
-        info["gain_reach"] = {}
-        for fraction in GAIN_FRACTIONS:
-            hit = first_reach(smoothed, start + fraction * (target - start))
-            info["gain_reach"][fraction] = None if hit is None else (hit + 1, float(info["mean"]["wall"][hit]))
-    grpo = methods["GRPO"]
-    for info in methods.values():
-        info["speedup_wall"] = _ratio(grpo["reach_wall"], info["reach_wall"])
-        info["speedup_steps"] = _ratio(grpo["reach_step"], info["reach_step"])
-        info["speedup_tokens"] = _ratio(grpo["reach_tokens"], info["reach_tokens"])
-    return target, start, methods
-
-
-def _ratio(numerator, denominator):
-    return None if numerator is None or denominator is None else numerator / denominator
-
-
-def plot_learning(methods, target, path_reward, path_grad):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(1, 3, figsize=(15, 4.2), sharey=True)
-    for method, info in methods.items():
-        mean = info["mean"]
-        smoothed = np.array([trailing_mean(c["reward"]) for c in info["curves"]])
-        low, high = smoothed.min(axis=0), smoothed.max(axis=0)
-        for axis, x in zip(axes, (np.arange(1, len(mean["reward"]) + 1), mean["wall"], mean["tokens"] / 1e3)):
-            axis.plot(x, trailing_mean(mean["reward"]), color=COLORS.get(method), label=method)
-            axis.fill_between(x, low, high, color=COLORS.get(method), alpha=0.12)
-    for axis, label in zip(axes, ("RL step", "training wall clock (s, sum of step times)", "policy-gradient tokens (k)")):
-        axis.axhline(target, color="black", linestyle=":", linewidth=1)
-        axis.set_xlabel(label)
-        axis.grid(alpha=0.3)
-    axes[0].set_ylabel(f"rollout reward ({SMOOTH}-step trailing mean)")
-    axes[0].legend(loc="lower right", fontsize=9)
-    axes[1].set_title("seed mean (line) and seed range (band); dotted: GRPO's final reward")
-    figure.tight_layout()
-    figure.savefig(path_reward, dpi=110)
-    plt.close(figure)
-
-    figure, axis = plt.subplots(figsize=(7, 4))
-    for method, info in methods.items():
-        grad = info["mean"]["grad"]
-        axis.plot(np.arange(1, len(grad) + 1), trailing_mean(grad, 5), color=COLORS.get(method), label=method)
-    axis.set_xlabel("RL step")
-    axis.set_ylabel("actor grad norm (last optimizer step; 5-step mean)")
-    axis.legend(fontsize=9)
-    axis.grid(alpha=0.3)
-    figure.tight_layout()
-    figure.savefig(path_grad, dpi=110)
-    plt.close(figure)
-
-
-# -- step cost ----------------------------------------------------------------------------------------------------
 
 
 def plot_step_cost(points, path):
@@ -188,10 +70,6 @@ def plot_step_cost(points, path):
 
 
 # -- the document -------------------------------------------------------------------------------------------------
-
-
-def fmt(value, pattern="{:.2f}", missing="not reached"):
-    return missing if value is None else pattern.format(value)
 
 
 def mean_std(values, pattern="{:.3f}"):
@@ -289,16 +167,17 @@ def step_cost_section(cost):
     return lines
 
 
-def selection_section(selection, cost, learning_methods):
+def selection_section(selection, cost, parts):
     rows = {(r["prompts"], r["group"], r["scope"]): r for r in selection["rows"]}
     big = rows.get((1024, 64, "cross"))
     step_cost_shares = [p["select_time_s"] / p["timing/step_total"] for p in cost["points"][1:]]
-    learning_shares = []
-    for method, info in learning_methods.items():
-        if method == "GRPO":
-            continue
-        for curve in info["curves"]:
-            learning_shares.append(float(np.median(curve["select"] / curve["step_total"])))
+    study_shares = [
+        float(np.median(run["select_share"]))
+        for analysed in (parts or {}).values()
+        for method, m in analysed["info"].items()
+        if method != "GRPO"
+        for run in m["runs"]
+    ]
     lines = [
         "## 3. Selection overhead in context",
         "",
@@ -315,8 +194,9 @@ def selection_section(selection, cost, learning_methods):
         "",
         f"- Inside the pipeline, `d3s/select_time_s` (selection + token mask, as logged) was a median "
         f"{100 * statistics.median(step_cost_shares):.3f}% of a step in the step-cost runs (128 rollouts of 64 "
-        f"tokens) and {100 * statistics.median(learning_shares):.2f}% in the learning runs (256 rollouts of <= 4 "
-        "tokens, where a whole step takes well under a second).",
+        "tokens)"
+        + ("." if not study_shares else f" and {100 * statistics.median(study_shares):.2f}% in the study's runs "
+           "(section 2: steps of about a second)."),
     ]
     if big is not None:
         lines.append(
@@ -324,222 +204,6 @@ def selection_section(selection, cost, learning_methods):
             f"takes {big['ours_ms']:.1f} ms: it would reach 1% of a step only if the whole step (generation of 65k "
             f"responses, forwards, update) took under {big['ours_ms'] * 100 / 1e3:.1f} s."
         )
-    return lines
-
-
-def learning_section(document, target, start, methods):
-    seeds = len(next(iter(methods.values()))["seeds"])
-    rows = [
-        "| method | final reward | held-out greedy | held-out sampled | PG tokens (total) | training time | "
-        "reaches GRPO's final reward at | speed-up (time) | speed-up (steps) | speed-up (PG tokens) | "
-        "seeds reaching it |",
-        "|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for method, info in methods.items():
-        reached = sum(t is not None for t in info["reach_wall_per_seed"])
-        mean = info["mean"]
-        cells = [
-            method,
-            mean_std(info["final"]),
-            mean_std(info["heldout_greedy"]),
-            mean_std(info["heldout_sampled"]),
-            f"{mean['tokens'][-1] / 1e3:.1f}k",
-            f"{mean['wall'][-1]:.0f} s",
-            "not reached"
-            if info["reach_step"] is None
-            else f"step {info['reach_step']}, {info['reach_wall']:.0f} s",
-            fmt(info["speedup_wall"], "{:.2f}x", "-"),
-            fmt(info["speedup_steps"], "{:.2f}x", "-"),
-            fmt(info["speedup_tokens"], "{:.2f}x", "-"),
-            f"{reached}/{len(info['reach_wall_per_seed'])}",
-        ]
-        rows.append("| " + " | ".join(cells) + " |")
-
-    gain_rows = [
-        "| method | " + " | ".join(f"{100 * f:.0f}% of GRPO's gain" for f in GAIN_FRACTIONS) + " |",
-        "|:---|" + "---:|" * len(GAIN_FRACTIONS),
-    ]
-    for method, info in methods.items():
-        cells = []
-        for fraction in GAIN_FRACTIONS:
-            reached, base = info["gain_reach"][fraction], methods["GRPO"]["gain_reach"][fraction]
-            if reached is None:
-                cells.append("not reached")
-            else:
-                speedup = f", {base[1] / reached[1]:.2f}x" if base is not None and method != "GRPO" else ""
-                cells.append(f"step {reached[0]}, {reached[1]:.0f} s{speedup}")
-        gain_rows.append(f"| {method} | " + " | ".join(cells) + " |")
-
-    parts = ("timing/generation", "timing/make_experience", "timing/ppo_train", "timing/broadcast", "timing/step_total")
-    timing_rows = [
-        "| method | kept rollouts | generation | experience making | actor update | weight sync | whole step |",
-        "|:---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for method, runs in document["results"].items():
-        steps = [step for run in runs.values() for step in run["steps"]]
-        kept = statistics.mean(step.get("d3s/kept_rollouts", step["rollout/num_samples"]) for step in steps)
-        means = [statistics.mean(step[key] for step in steps) for key in parts]
-        timing_rows.append(f"| {method} | {kept:.0f} | " + " | ".join(f"{value:.3f} s" for value in means) + " |")
-
-    grad_rows = ["| method | grad norm, steps 1-25 | steps 26-50 | steps 51-75 |", "|:---|---:|---:|---:|"]
-    for method, info in methods.items():
-        grad = info["mean"]["grad"]
-        thirds = np.array_split(grad, 3)
-        grad_rows.append(f"| {method} | " + " | ".join(f"{part.mean():.2f}" for part in thirds) + " |")
-
-    grpo_grad = methods["GRPO"]["mean"]["grad"].mean()
-    reading = ["**Reading.**"]
-    for method in ("D3S", "D3S-I", "PODS"):
-        if method not in methods:
-            continue
-        info = methods[method]
-        paper = PAPER_SPEEDUP.get(method)
-        speedup = info["speedup_wall"]
-        if speedup is None:
-            verdict = "never reached GRPO's final reward (seed-mean curve)"
-        else:
-            verdict = (
-                f"reached GRPO's final reward {speedup:.2f}x as fast in training time ({info['speedup_steps']:.2f}x "
-                f"in steps, {info['speedup_tokens']:.2f}x in policy-gradient tokens)"
-            )
-        spread = info["reach_wall_per_seed"]
-        spread_text = (
-            " (per seed, time to reach it: " + ", ".join("-" if t is None else f"{t:.0f} s" for t in spread) + ")"
-            if any(t is not None for t in spread)
-            else ""
-        )
-        if paper is None:
-            compare = ""
-        elif speedup is not None and speedup >= 0.8 * paper:
-            compare = f"; in line with the paper's {paper}x"
-        elif speedup is not None and speedup > 1.05:
-            compare = f"; faster than GRPO, but short of the paper's {paper}x"
-        else:
-            compare = f"; this does not reproduce the paper's {paper}x"
-        shares = []
-        for fraction in GAIN_FRACTIONS:
-            reached, base = info["gain_reach"][fraction], methods["GRPO"]["gain_reach"][fraction]
-            shares.append("-" if reached is None or base is None else f"{base[1] / reached[1]:.2f}x")
-        reading.append(
-            f"- {method} {verdict}{spread_text}{compare}. Time speed-up at "
-            + "/".join(f"{100 * f:.0f}" for f in GAIN_FRACTIONS)
-            + f"% of GRPO's gain: {' / '.join(shares)}."
-        )
-    def standard_error(values):
-        return statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else float("nan")
-
-    gaps = []
-    for method, info in methods.items():
-        if method == "GRPO":
-            continue
-        gap = float(np.mean(info["final"])) - target
-        error = (standard_error(info["final"]) ** 2 + standard_error(methods["GRPO"]["final"]) ** 2) ** 0.5
-        gaps.append(f"{method} {gap:+.3f} ({gap / error:+.1f} standard errors)")
-    best = max(methods, key=lambda m: np.mean(methods[m]["final"]))
-    reading.append(
-        f"- Final reward against GRPO's {target:.3f} (mean of the last {SMOOTH} steps, {seeds} seeds): "
-        f"{', '.join(gaps)}; best: {best}. Differences within about 2 standard errors are not resolved by "
-        f"{seeds} seeds."
-    )
-    grad_ratios = {m: info["mean"]["grad"].mean() / grpo_grad for m, info in methods.items() if m != "GRPO"}
-    higher = [m for m, r in grad_ratios.items() if r > 1.05]
-    reading.append(
-        "- Gradient norm: "
-        + ", ".join(f"{m} {r:.2f}x" for m, r in grad_ratios.items())
-        + " GRPO's mean over the run. "
-        + (
-            f"{' and '.join(higher)} raise it, as the D3S paper reports for D3S."
-            if higher
-            else "None raises it clearly, unlike the D3S paper's claim."
-        )
-        + " What is kept explains a rise: max-variance selection keeps the rollouts with the largest |advantage|, "
-        "the token mask the tokens with the largest |A|*H, and the loss is a mean over the kept tokens, so each "
-        "carries a larger gradient. (OpenRLHF logs the norm of a step's last optimizer step only.)"
-    )
-    grpo_mean = methods["GRPO"]["mean"]
-    untrained_share = float(grpo_mean["untrained"].sum() / grpo_mean["step_total"].sum())
-    step_means = ", ".join(f"{m} {info['mean']['step_total'].mean():.2f} s" for m, info in methods.items())
-    reading.append(
-        f"- Wall clock: a GRPO step here takes {grpo_mean['step_total'].mean():.2f} s, of which generation and "
-        f"weight sync (untouched by D3S) are {100 * untrained_share:.0f}%; only the rest can shrink with "
-        f"selection (section 1). Mean step: {step_means}. With a 2-layer model and responses of <= 4 tokens the "
-        "trained part of a step is small; with long responses on GPUs it is a larger share (section 1)."
-    )
-    reading.append(
-        "- How this setting differs from the papers': a 2-layer model from a 0.6-accurate SFT start, responses "
-        "of <= 4 tokens (the token mask chooses among 1-4 tokens of a rollout), 75 steps, G = 16 and the same "
-        "rollouts per step for every method. The papers measure time to accuracy on GPUs with long "
-        "chain-of-thought responses; PODS's gain comes from generating more rollouts (n = 64) than it trains "
-        "(m = 16), which an equal rollout budget per step does not give it here."
-    )
-    return [
-        "## 2. Learning efficiency on the built-in task",
-        "",
-        f"Command: `.venv/bin/python {document['command']}` · machine: {document['machine']} · date: "
-        f"{document['date']}.",
-        "",
-        "The demo's job (`python -m d3s_openrlhf.cli.demo`): a 2-layer Llama warm-started by SFT on integer "
-        "addition (held-out greedy accuracy after SFT "
-        f"{document['sft_heldout']['greedy']:.3f}), then 75 RL steps of 16 prompts x 16 rollouts, lr 2e-4. Every "
-        "method generates the same number of rollouts per step (the same rollout budget) and differs only in its "
-        "`--d3s.*` flags: "
-        + "; ".join(
-            f"{m}: `{' '.join(flags) if flags else 'D3S off'}`" for m, flags in document["methods"].items()
-        )
-        + f". {seeds} seeds each (`--train.seed`). Reward is the exact-match reward of all generated rollouts "
-        f"(temperature 1); \"final\" is the mean of the last {SMOOTH} steps; training time is the sum of "
-        "OpenRLHF's per-step `timing/step_total` (generation + experience making + update + weight sync; Ray and "
-        "vLLM start-up excluded, equal for all). A method reaches GRPO's final reward at the first step where its "
-        f"seed-mean reward, as a {SMOOTH}-step trailing mean, is at least GRPO's final reward; speed-up = GRPO's "
-        "time (steps, tokens) to get there / the method's.",
-        "",
-        *rows,
-        "",
-        f"Time (seed-mean curve, {SMOOTH}-step trailing mean) to reach a share of GRPO's gain from the common "
-        f"starting reward {start:.3f} (step 1 samples the SFT model) to its final reward {target:.3f}; speed-up "
-        "against GRPO's time for the same share:",
-        "",
-        *gain_rows,
-        "",
-        "![reward](results/learning_reward.png)",
-        "",
-        "Mean per step over all steps and seeds (OpenRLHF's timings):",
-        "",
-        *timing_rows,
-        "",
-        *grad_rows,
-        "",
-        "![grad norm](results/learning_grad_norm.png)",
-        "",
-        *reading,
-    ]
-
-
-def summary(cost, target, methods):
-    """The headline numbers of the three sections."""
-    base = cost["points"][0]
-    smallest = min(cost["points"][1:], key=lambda p: (p["kept_rollouts"], p["k"]))
-    lines = [
-        "**Summary.**",
-        f"- Step cost ({smallest['label']}, section 1): experience making "
-        f"{smallest['timing/make_experience'] / base['timing/make_experience']:.2f}, actor update "
-        f"{smallest['timing/ppo_train'] / base['timing/ppo_train']:.2f}, whole step "
-        f"{smallest['timing/step_total'] / base['timing/step_total']:.2f} of GRPO's time for "
-        f"{smallest['kept_rollouts'] / base['kept_rollouts']:.2f} of its rollouts.",
-    ]
-    grpo_tokens = methods["GRPO"]["mean"]["tokens"][-1]
-    for method, info in methods.items():
-        if method == "GRPO":
-            continue
-        final = float(np.mean(info["final"]))
-        reached = "reached" if info["reach_wall"] is not None else "did not reach"
-        lines.append(
-            f"- {method} (section 2): {reached} GRPO's final reward {target:.3f} in 75 steps (final {final:.3f}), "
-            f"with {info['mean']['tokens'][-1] / grpo_tokens:.2f} of GRPO's policy-gradient tokens and "
-            f"{info['mean']['grad'].mean() / methods['GRPO']['mean']['grad'].mean():.2f}x its gradient norm."
-        )
-    shares = [p["select_time_s"] / p["timing/step_total"] for p in cost["points"][1:]]
-    lines.append(f"- Selection (section 3): at most {100 * max(shares):.2f}% of a step in the step-cost runs.")
     return lines
 
 
@@ -571,15 +235,18 @@ def welch_t_test(a, b):
 
 def study_run(run, prompts):
     """Per step of one run: cumulative trained tokens, wall time and generation time, zero-variance share, grad
-    norm; the held-out curve as arrays."""
+    norm, the selection's share of the step; the held-out curve as arrays."""
     steps = run["steps"]
     tokens = np.cumsum(
         [s.get("d3s/kept_tokens", s["rollout/response_length_mean"] * s["rollout/num_samples"]) for s in steps]
     )
     return dict(
+        reward=np.array([s["rollout/reward_mean"] for s in steps]),
         tokens=tokens,
         wall=np.cumsum([s["timing/step_total"] for s in steps]),
         generation=np.cumsum([s["timing/generation"] for s in steps]),
+        step_time={key: np.array([s[key] for s in steps]) for key in STEP_TIMINGS},
+        select_share=np.array([s.get("d3s/select_time_s", 0.0) / s["timing/step_total"] for s in steps]),
         zero_var=np.array([s.get("d3s/zero_var_groups", np.nan) / prompts for s in steps]),
         grad=np.array([s["actor_grad_norm"] for s in steps]),
         eval_step=np.array([e["step"] for e in run["heldout"]]),
@@ -589,13 +256,46 @@ def study_run(run, prompts):
     )
 
 
+STEP_TIMINGS = ("timing/generation", "timing/make_experience", "timing/ppo_train", "timing/step_total")
+
+
 def thirds(values):
-    return [float(np.nanmean(chunk)) for chunk in np.array_split(np.asarray(values, dtype=float), 3)]
+    chunks = np.array_split(np.asarray(values, dtype=float), 3)
+    return [float(np.nanmean(c)) if np.isfinite(c).any() else float("nan") for c in chunks]  # short runs: nan
+
+
+def reach(m, target):
+    """First evaluation at which method ``m``'s seed-mean held-out greedy curve is at least ``target``:
+    ``{"step", "tokens", "wall", "generation_share"}`` (seed means up to that step), all None if never."""
+    hits = np.nonzero(m["curve"] >= target - 1e-9)[0]  # the tolerance lets GRPO's curve reach its own values
+    if not len(hits):
+        return dict(step=None, tokens=None, wall=None, generation_share=None)
+    step = int(m["eval_step"][hits[0]])
+    if step == 0:
+        return dict(step=0, tokens=0.0, wall=0.0, generation_share=None)
+    wall = float(np.mean([r["wall"][step - 1] for r in m["runs"]]))
+    return dict(
+        step=step,
+        tokens=float(np.mean([r["tokens"][step - 1] for r in m["runs"]])),
+        wall=wall,
+        generation_share=float(np.mean([r["generation"][step - 1] for r in m["runs"]]) / wall),
+    )
+
+
+def reach_reward(m, target):
+    """First step at which method ``m``'s seed-mean training reward (all generated rollouts, T = 1; SMOOTH-step
+    trailing mean) is at least ``target``: ``{"step", "wall"}``, None if never. Per step, unlike the held-out
+    curve: a finer, if in-sample, clock."""
+    hits = np.nonzero(m["reward_curve"] >= target - 1e-9)[0]
+    if not len(hits):
+        return dict(step=None, wall=None)
+    return dict(step=int(hits[0]) + 1, wall=float(np.mean([r["wall"][hits[0]] for r in m["runs"]])))
 
 
 def study_analysis(document):
-    """Per part and method: seed lists of final/peak accuracy, time to GRPO's final held-out greedy accuracy
-    (seed-mean curve) in steps, trained tokens and wall time, and the training-dynamics summaries."""
+    """Per part and method: seed lists of final, peak and mean (over the evaluations) held-out accuracy, time to
+    GRPO's final and peak held-out greedy accuracy (seed-mean curves) in steps, trained tokens and wall time, and
+    the training-dynamics summaries."""
     prompts = document["prompts_per_step"]
     sft = document["sft_heldout"]
     parts = {}
@@ -604,6 +304,7 @@ def study_analysis(document):
         for method, seeds in methods.items():
             runs = [study_run(run, prompts) for run in seeds.values()]
             n_eval = min(len(r["eval_step"]) for r in runs)
+            n_steps = min(len(r["reward"]) for r in runs)
             curve = np.mean([np.concatenate([[sft["greedy"]], r["greedy"][:n_eval]]) for r in runs], axis=0)
             info[method] = dict(
                 runs=runs,
@@ -611,32 +312,30 @@ def study_analysis(document):
                 group=next(iter(seeds.values()))["group"],
                 eval_step=np.concatenate([[0], runs[0]["eval_step"][:n_eval]]),
                 curve=curve,
-                final_greedy=[float(r["greedy"][-1]) for r in runs],
-                final_sampled=[float(r["sampled"][-1]) for r in runs],
-                peak_greedy=[float(r["greedy"].max()) for r in runs],
-                final_entropy=[float(r["entropy"][-1]) for r in runs],
+                final_greedy=[float(r["greedy"][n_eval - 1]) for r in runs],
+                final_sampled=[float(r["sampled"][n_eval - 1]) for r in runs],
+                peak_greedy=[float(r["greedy"][:n_eval].max()) for r in runs],
+                mean_greedy=[float(r["greedy"][:n_eval].mean()) for r in runs],
+                drop=[float(r["greedy"][:n_eval].max() - r["greedy"][n_eval - 1]) for r in runs],
+                final_entropy=[float(r["entropy"][n_eval - 1]) for r in runs],
+                grad_mean=[float(r["grad"].mean()) for r in runs],
+                tokens_total=float(np.mean([r["tokens"][-1] for r in runs])),
+                step_time={key: float(np.mean([r["step_time"][key].mean() for r in runs])) for key in STEP_TIMINGS},
+                reward_curve=trailing_mean(np.mean([r["reward"][:n_steps] for r in runs], axis=0)),
             )
-        if "GRPO" not in info:
-            parts[part] = (None, info)
-            continue
-        target = float(np.mean(info["GRPO"]["final_greedy"]))
-        for method, m in info.items():
-            hits = np.nonzero(m["curve"] >= target - 1e-9)[0]
-            step = int(m["eval_step"][hits[0]]) if len(hits) else None
-            m["reach_step"] = step
-            if step is None:
-                m["reach_tokens"] = m["reach_wall"] = m["reach_generation_share"] = None
-            elif step == 0:
-                m["reach_tokens"] = m["reach_wall"] = 0.0
-                m["reach_generation_share"] = None
-            else:
-                m["reach_tokens"] = float(np.mean([r["tokens"][step - 1] for r in m["runs"]]))
-                m["reach_wall"] = float(np.mean([r["wall"][step - 1] for r in m["runs"]]))
-                m["reach_generation_share"] = float(
-                    np.mean([r["generation"][step - 1] for r in m["runs"]]) / m["reach_wall"]
-                )
-            m["test_vs_grpo"] = welch_t_test(m["final_greedy"], info["GRPO"]["final_greedy"])
-        parts[part] = (target, info)
+        target = peak = None
+        if "GRPO" in info:
+            target = float(np.mean(info["GRPO"]["final_greedy"]))
+            peak = float(info["GRPO"]["curve"][1:].max())
+            reward_final = float(info["GRPO"]["reward_curve"][-1])
+            reward_peak = float(info["GRPO"]["reward_curve"].max())
+            for m in info.values():
+                m["reach_final"] = reach(m, target)
+                m["reach_peak"] = reach(m, peak)
+                m["reward_reach_final"] = reach_reward(m, reward_final)
+                m["reward_reach_peak"] = reach_reward(m, reward_peak)
+                m["test_vs_grpo"] = welch_t_test(m["final_greedy"], info["GRPO"]["final_greedy"])
+        parts[part] = dict(target=target, peak=peak, info=info)
     return parts
 
 
@@ -647,20 +346,20 @@ def plot_study(parts, path):
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(len(parts), 3, figsize=(15, 4 * len(parts)), squeeze=False)
-    for row, (part, (target, info)) in zip(axes, parts.items()):
-        for method, m in info.items():
+    for row, (part, analysed) in zip(axes, parts.items()):
+        for method, m in analysed["info"].items():
             color = STUDY_COLORS.get(method)
-            finals = np.array([np.concatenate([[m["curve"][0]], r["greedy"][: len(m["curve"]) - 1]]) for r in m["runs"]])
+            seeds = np.array([np.concatenate([[m["curve"][0]], r["greedy"][: len(m["curve"]) - 1]]) for r in m["runs"]])
             row[0].plot(m["eval_step"], m["curve"], "o-", color=color, label=method)
-            row[0].fill_between(m["eval_step"], finals.min(0), finals.max(0), color=color, alpha=0.12)
+            row[0].fill_between(m["eval_step"], seeds.min(0), seeds.max(0), color=color, alpha=0.12)
             steps = np.arange(1, len(m["runs"][0]["zero_var"]) + 1)
             row[1].plot(steps, trailing_mean(np.nanmean([r["zero_var"] for r in m["runs"]], axis=0)), color=color)
             row[2].plot(steps, trailing_mean(np.mean([r["grad"] for r in m["runs"]], axis=0)), color=color)
-        if target is not None:
-            row[0].axhline(target, color="black", linestyle=":", linewidth=1)
+        if analysed["target"] is not None:
+            row[0].axhline(analysed["target"], color="black", linestyle=":", linewidth=1)
         row[0].set_ylabel(f"{part}: held-out greedy accuracy")
-        row[1].set_ylabel("share of zero-variance groups")
-        row[2].set_ylabel("actor grad norm")
+        row[1].set_ylabel(f"share of zero-variance groups ({SMOOTH}-step mean)")
+        row[2].set_ylabel(f"actor grad norm ({SMOOTH}-step mean)")
         for axis in row:
             axis.set_xlabel("RL step")
             axis.grid(alpha=0.3)
@@ -670,50 +369,270 @@ def plot_study(parts, path):
     plt.close(figure)
 
 
-def study_document(document, parts, plot_name):
+def _p(test):
+    return "-" if math.isnan(test[1]) else f"{test[1]:.2f}"
+
+
+def _speedup(base, method):
+    """GRPO's wall time / the method's to the same accuracy, or None if either never reached it."""
+    if base["wall"] is None or method["wall"] is None or method["wall"] == 0:
+        return None
+    return base["wall"] / method["wall"]
+
+
+def _reach_text(r):
+    return "never" if r["step"] is None else f"at step {r['step']} ({r['wall']:.0f} s of steps)"
+
+
+def _reward_speedup(grpo, method, which):
+    """GRPO's wall time / the method's to GRPO's ``which`` (final or peak) smoothed training reward, or None."""
+    return _speedup(grpo[f"reward_reach_{which}"], method[f"reward_reach_{which}"])
+
+
+def _reward_clock(grpo, method, which, name):
+    """The same race on the per-step training reward (GRPO's ``which`` = final or peak smoothed reward)."""
+    key = f"reward_reach_{which}"
+    base, other = grpo[key], method[key]
+    if other["step"] is None:
+        return f"On the training reward ({SMOOTH}-step mean, per step) {name} never reaches GRPO's {which} value."
+    text = (
+        f"On the training reward ({SMOOTH}-step mean, per step) GRPO reaches its {which} value at step {base['step']} "
+        f"({base['wall']:.0f} s), {name} at step {other['step']} ({other['wall']:.0f} s)"
+    )
+    speedup = _reward_speedup(grpo, method, which)
+    return text + ("." if speedup is None else f": {speedup:.2f}x in wall time.")
+
+
+def _speed_verdict(heldout, reward, claimed, drift):
+    """Verdict on "at least ``claimed``x faster" from the measured wall-time speedups on the held-out clock and on
+    the training-reward clock (None where the method never got there); ``drift``: the relative spread of the same
+    method's step time over seeds, which a wall-time ratio cannot resolve. Only the held-out clock can agree (the
+    training reward is in-sample); either clock within the drift of the claim leaves it unresolved."""
+    if heldout is not None and heldout >= claimed:
+        return "**agrees**"
+    if heldout is not None and heldout * (1 + drift) >= claimed:
+        return "**not resolved at this scale** (within the machine's drift of the claimed factor)"
+    if reward is not None and reward * (1 + drift) >= claimed:
+        within = "" if reward >= claimed else ", within the machine's drift"
+        return f"**not resolved at this scale** (only the in-sample training-reward clock shows the factor{within})"
+    return "**disagrees**" + (" (held-out accuracy: never reached within the run)" if heldout is None else "")
+
+
+def step_time_drift(parts):
+    """The largest relative spread (max - min) / mean over seeds of one method's mean step time."""
+    spreads = [0.0]
+    for analysed in parts.values():
+        for m in analysed["info"].values():
+            times = [r["step_time"]["timing/step_total"].mean() for r in m["runs"]]
+            spreads.append((max(times) - min(times)) / np.mean(times))
+    return float(max(spreads))
+
+
+def _order_verdict(tests):
+    """Verdict on a claimed ordering a > b > c from the Welch tests of its adjacent pairs (t > 0: as claimed)."""
+    if any(t < 0 and p < ALPHA for t, p in tests):
+        return "**disagrees**"
+    if all(t > 0 and p < ALPHA for t, p in tests):
+        return "**agrees**"
+    return "**not resolved at this scale**"
+
+
+CLAIM = re.compile(r"^- (.+?): \*\*(.+?)\*\*")  # a claim line: "- who, \"claim\": **verdict**"
+
+
+def claims(parts, eval_every):
+    """The papers' claims, each with what the study shows (agrees / partly / disagrees / not resolved)."""
+    drift = step_time_drift(parts)
     lines = [
-        f"# Learning-efficiency study on `{document['task']}`",
+        f"- Machine drift: one method's mean step time varied by up to {100 * drift:.0f}% between seeds (the same "
+        "flags, hence the same work): wall-time ratios closer than that to a claimed factor are not resolved; steps "
+        "and trained tokens are unaffected."
+    ]
+    pods, family = parts.get("pods"), parts.get("d3s")
+    resolution = f"(evaluations every {eval_every} steps bound the resolution of every time-to-accuracy)"
+    if pods and {"GRPO", "PODS"} <= set(pods["info"]):
+        grpo, method = pods["info"]["GRPO"], pods["info"]["PODS"]
+        speedup = _speedup(grpo["reach_peak"], method["reach_peak"])
+        verdict = _speed_verdict(speedup, _reward_speedup(grpo, method, "peak"), PAPER_SPEEDUP["PODS"], drift)
+        lines.append(
+            f"- PODS, \"reaches GRPO's peak at least {PAPER_SPEEDUP['PODS']}x sooner\": {verdict}. GRPO (n = m = "
+            f"{grpo['group']}) peaks at "
+            f"{pods['peak']:.3f} held-out greedy, reached first {_reach_text(grpo['reach_peak'])}; PODS (n = "
+            f"{method['group']}, m = {grpo['group']}) reaches it {_reach_text(method['reach_peak'])}"
+            + ("" if speedup is None else f": {speedup:.2f}x in wall time")
+            + f" {resolution}. {_reward_clock(grpo, method, 'peak', 'PODS')} Final greedy "
+            f"{mean_std(method['final_greedy'])} against GRPO's {mean_std(grpo['final_greedy'])} "
+            f"(p = {_p(method['test_vs_grpo'])})."
+        )
+    rules = ["PODS", "PODS-random", "PODS-max-reward"]
+    if pods and set(rules) <= set(pods["info"]):
+        ms = [pods["info"][r] for r in rules]
+        tests = [welch_t_test(a["mean_greedy"], b["mean_greedy"]) for a, b in zip(ms, ms[1:])]
+        lines.append(
+            "- PODS's rule ablation, \"max-variance > random > max-reward\" (82.6 / 81.6 / 67.3 on GSM8K): "
+            f"{_order_verdict(tests)}. Held-out greedy accuracy averaged over the run's evaluations (how fast and how "
+            f"far it learns): {' / '.join(mean_std(m['mean_greedy']) for m in ms)}; final "
+            f"{' / '.join(mean_std(m['final_greedy']) for m in ms)}. Welch p of max-variance vs random "
+            f"{_p(tests[0])}, random vs max-reward {_p(tests[1])}."
+        )
+    if not family or "GRPO" not in family["info"]:
+        return lines
+    info = family["info"]
+    grpo = info["GRPO"]
+    if "D3S" in info:
+        d3s = info["D3S"]
+        speedup = _speedup(grpo["reach_final"], d3s["reach_final"])
+        steps = None
+        if d3s["reach_final"]["step"] and grpo["reach_final"]["step"]:
+            steps = grpo["reach_final"]["step"] / d3s["reach_final"]["step"]
+        verdict = _speed_verdict(speedup, _reward_speedup(grpo, d3s, "final"), PAPER_SPEEDUP["D3S"], drift)
+        lines.append(
+            f"- D3S, \"{PAPER_SPEEDUP['D3S']}x faster than GRPO\": {verdict}. "
+            f"GRPO's final held-out greedy {family['target']:.3f} is first reached by GRPO "
+            f"{_reach_text(grpo['reach_final'])}, by D3S {_reach_text(d3s['reach_final'])}"
+            + ("" if speedup is None else f": {speedup:.2f}x in wall time, {steps:.2f}x in steps")
+            + f" {resolution}. {_reward_clock(grpo, d3s, 'final', 'D3S')} Final greedy "
+            f"{mean_std(d3s['final_greedy'])} against GRPO's {mean_std(grpo['final_greedy'])} "
+            f"(p = {_p(d3s['test_vs_grpo'])})."
+        )
+        share = d3s["tokens_total"] / grpo["tokens_total"]
+        lines.append(
+            f"- D3S, \"under 20% of the tokens\": **{'agrees' if share < 0.2 else 'disagrees'}**. D3S trained on "
+            f"{100 * share:.1f}% of GRPO's policy-gradient tokens over the run ({d3s['tokens_total'] / 1e3:.1f}k "
+            f"against {grpo['tokens_total'] / 1e3:.1f}k, seed means); this follows from the schedule's N and K and "
+            "the zero-variance groups, not from learning."
+        )
+        test = welch_t_test(d3s["grad_mean"], grpo["grad_mean"])
+        ratio = np.mean(d3s["grad_mean"]) / np.mean(grpo["grad_mean"])
+        lines.append(
+            f"- D3S, \"a higher gradient norm\": {_order_verdict([test])}. Mean actor gradient norm over the run "
+            f"{mean_std(d3s['grad_mean'], '{:.2f}')} against GRPO's {mean_std(grpo['grad_mean'], '{:.2f}')} "
+            f"({ratio:.2f}x, Welch p = {_p(test)}; OpenRLHF logs the norm of a step's last optimizer step)."
+        )
+    if {"D1S", "D2S", "D3S"} <= set(info):
+        tests = [welch_t_test(info[m]["drop"], info["D3S"]["drop"]) for m in ("D1S", "D2S")]
+        drops = ", ".join(f"{m} {mean_std(info[m]['drop'])}" for m in ("D1S", "D2S", "D3S"))
+        lines.append(
+            f"- D3S, \"D1S and D2S overfit without the schedule\": {_order_verdict(tests)}. Read as a held-out "
+            f"greedy accuracy that falls from its peak by the end of the run (peak - final, per seed): {drops}; "
+            f"Welch p against D3S: D1S {_p(tests[0])}, D2S {_p(tests[1])}. Final greedy: "
+            + ", ".join(f"{m} {mean_std(info[m]['final_greedy'])}" for m in ("D1S", "D2S", "D3S"))
+            + "."
+        )
+    pairs = [(c, i) for c, i in (("D3S", "D3S-I"), ("D1S-Cross", "D1S")) if c in info and i in info]
+    if pairs:
+        verdicts, texts = [], []
+        for cross, intra in pairs:
+            spread = [float(np.std(info[m]["final_greedy"], ddof=1)) if len(info[m]["seeds"]) > 1 else 0.0
+                      for m in (cross, intra)]  # fmt: skip
+            fall = [float(max(0.0, -np.diff(info[m]["curve"]).min())) for m in (cross, intra)]
+            verdicts.append((spread[0] > spread[1]) + (fall[0] > fall[1]))
+            texts.append(
+                f"{cross} against {intra}: seed spread of the final greedy {spread[0]:.3f} vs {spread[1]:.3f}, "
+                f"largest fall between evaluations of the seed-mean curve {fall[0]:.3f} vs {fall[1]:.3f}"
+            )
+        verdict = (
+            "**agrees**" if all(v == 2 for v in verdicts)
+            else "**disagrees**" if all(v == 0 for v in verdicts)
+            else "**not resolved at this scale**"
+        )  # fmt: skip
+        lines.append(
+            f"- D3S, \"cross-group selection is less stable than intra-group\" (seen on unaligned "
+            f"Llama3.1-8B-Instruct): {verdict} (it would agree if cross were worse on both measures in every pair, "
+            "disagree if better on both in every pair). "
+            + "; ".join(texts)
+            + "."
+        )
+    return lines
+
+
+def early_learning(parts):
+    """Per part: each method's seed-mean held-out greedy accuracy at the first evaluation against GRPO's, and the
+    Welch test of the accuracy averaged over the evaluations, which the time-to-GRPO's-final race (decided where
+    every method saturates) cannot show."""
+    lines = []
+    for part, analysed in parts.items():
+        info = analysed["info"]
+        if "GRPO" not in info or len(info) < 2:
+            continue
+        grpo = info["GRPO"]
+        others = [m for m in info if m != "GRPO"]
+        ahead = sum(info[m]["curve"][1] > grpo["curve"][1] for m in others)
+        higher = sum(np.mean(info[m]["mean_greedy"]) > np.mean(grpo["mean_greedy"]) for m in others)
+        lines.append(
+            f"- Part `{part}`, first evaluation (step {grpo['eval_step'][1]}): GRPO {grpo['curve'][1]:.3f}, "
+            + ", ".join(f"{m} {info[m]['curve'][1]:.3f}" for m in others)
+            + f" ({ahead} of {len(others)} above GRPO). Mean greedy above GRPO's in {higher} of {len(others)}; "
+            "Welch p against GRPO: "
+            + ", ".join(f"{m} {_p(welch_t_test(info[m]['mean_greedy'], grpo['mean_greedy']))}" for m in others)
+            + "."
+        )
+    return lines
+
+
+def study_body(document, parts, plot_path, heading="##"):
+    """The study's description, one table per part, the plot and the claims, under ``heading``-level parts."""
+    dates = sorted({run["date"] for methods in document["results"].values() for seeds in methods.values()
+                    for run in seeds.values()})  # fmt: skip
+    config = document["task_config"]
+    lines = [
+        f"Command: `.venv/bin/python benchmarks/bench_learning.py --task {document['task']} --precision "
+        f"{document.get('precision', 'bf16')}` (methods and flags in its docstring) · machine: {document['machine']} "
+        f"· {' to '.join(dict.fromkeys([dates[0], dates[-1]]))}.",
         "",
-        f"Command: `.venv/bin/python benchmarks/bench_learning.py --task {document['task']}` (see its docstring) · "
-        f"machine: {document['machine']} · {document['prompts_per_step']} prompts per step · held-out evaluation "
-        f"every {document['eval_every']} steps ({document['eval_samples']} samples per prompt at T = 1). "
-        f"SFT warm start: held-out greedy {document['sft_heldout']['greedy']:.3f}, sampled "
-        f"{document['sft_heldout']['sampled']:.3f}.",
+        f"Task `{document['task']}`; SFT warm start on {config['n_sft']} examples x {config['sft_epochs']} epochs "
+        f"(held-out greedy {document['sft_heldout']['greedy']:.3f}, sampled {document['sft_heldout']['sampled']:.3f}"
+        + ("" if document.get("sft_seconds") is None else f"; {document['sft_seconds'] / 60:.1f} min")
+        + f"), then every method from it: {document['prompts_per_step']} prompts per step, held-out evaluation of "
+        f"{config['n_heldout']} prompts every {document['eval_every']} steps (greedy, and {document['eval_samples']} "
+        "samples per prompt at T = 1). Every method shares every hyperparameter but its rollout counts and "
+        "`--d3s.*` flags; none was tuned, and none on the held-out split.",
         "",
         "Accuracies are mean ± standard deviation over seeds. \"Reaches GRPO\" is the first evaluation at which the "
         "seed-mean held-out greedy accuracy is at least GRPO's final one (the part's dotted line), with the trained "
         "(policy-gradient) tokens and the summed step time (`timing/step_total`) up to that step, and the share of "
-        "that time spent generating. p: two-sided Welch t-test of the final greedy accuracy against GRPO's "
-        "(3 seeds give the test little power: a large p is no evidence of equality).",
+        "that time spent generating. \"Mean greedy\": the held-out greedy accuracy averaged over the evaluations "
+        "(how fast and how far a method learns). p: two-sided Welch t-test of the final greedy accuracy against "
+        "GRPO's (3 seeds give the test little power: a large p is no evidence of equality).",
         "",
     ]
-    for part, (target, info) in parts.items():
+    for part, analysed in parts.items():
+        target, info = analysed["target"], analysed["info"]
         lines += [
-            f"## Part `{part}`" + ("" if target is None else f" (GRPO's final held-out greedy accuracy {target:.3f})"),
+            f"{heading} Part `{part}`" + ("" if target is None else f" (GRPO's final held-out greedy accuracy {target:.3f})"),
             "",
-            "| method | G | seeds | final greedy | final sampled | peak greedy | reaches GRPO at step | trained tokens "
-            "| wall time (generation share) | p vs GRPO | zero-var groups, thirds | grad norm, thirds | entropy, final |",
-            "|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| method | G | seeds | final greedy | final sampled | peak greedy | mean greedy | reaches GRPO at step "
+            "| trained tokens | wall time (generation share) | p vs GRPO | zero-var groups, thirds | grad norm, thirds "
+            "| entropy, final | step time |",
+            "|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for method, m in info.items():
             zero = thirds(np.nanmean([r["zero_var"] for r in m["runs"]], axis=0))
             grad = thirds(np.mean([r["grad"] for r in m["runs"]], axis=0))
-            reach = "not reached" if m.get("reach_step") is None else str(m["reach_step"])
-            share = m.get("reach_generation_share")
-            wall = "-" if m.get("reach_wall") is None else (
-                f"{m['reach_wall']:.0f} s" + ("" if share is None else f" ({100 * share:.0f}%)")
+            r = m.get("reach_final", dict(step=None, tokens=None, wall=None, generation_share=None))
+            reach_step = "not reached" if r["step"] is None else str(r["step"])
+            wall = "-" if r["wall"] is None else (
+                f"{r['wall']:.0f} s" + ("" if r["generation_share"] is None else f" ({100 * r['generation_share']:.0f}%)")
             )  # fmt: skip
-            tokens = "-" if m.get("reach_tokens") is None else f"{m['reach_tokens'] / 1e3:.1f}k"
-            t, p = m.get("test_vs_grpo", (float("nan"), float("nan")))
+            tokens = "-" if r["tokens"] is None else f"{r['tokens'] / 1e3:.1f}k"
+            p = "-" if method == "GRPO" or "test_vs_grpo" not in m else _p(m["test_vs_grpo"])
             lines.append(
                 f"| {method} | {m['group']} | {len(m['seeds'])} | {mean_std(m['final_greedy'])} | "
-                f"{mean_std(m['final_sampled'])} | {mean_std(m['peak_greedy'])} | {reach} | {tokens} | {wall} | "
-                f"{'-' if method == 'GRPO' or math.isnan(p) else f'{p:.2f}'} | "
-                f"{' / '.join(f'{z:.2f}' for z in zero)} | {' / '.join(f'{g:.2f}' for g in grad)} | "
-                f"{mean_std(m['final_entropy'], '{:.2f}')} |"
+                f"{mean_std(m['final_sampled'])} | {mean_std(m['peak_greedy'])} | {mean_std(m['mean_greedy'])} | "
+                f"{reach_step} | {tokens} | {wall} | {p} | {' / '.join(f'{z:.2f}' for z in zero)} | "
+                f"{' / '.join(f'{g:.2f}' for g in grad)} | {mean_std(m['final_entropy'], '{:.2f}')} | "
+                f"{m['step_time']['timing/step_total']:.2f} s |"
             )
         lines.append("")
-    lines += [f"![study]({plot_name})", ""]
+    lines += [
+        f"![study]({plot_path})",
+        "",
+        "**The papers' claims at this scale.**",
+        *claims(parts, document["eval_every"]),
+        "",
+        "**Early learning** (before every method saturates).",
+        *early_learning(parts),
+    ]
     return lines
 
 
@@ -722,7 +641,8 @@ def study_main(path, output):
     parts = study_analysis(document)
     plot_path = Path(output).with_suffix(".png")
     plot_study(parts, plot_path)
-    Path(output).write_text("\n".join(study_document(document, parts, plot_path.name)))
+    lines = [f"# Learning-efficiency study on `{document['task']}`", "", *study_body(document, parts, plot_path.name)]
+    Path(output).write_text("\n".join(lines) + "\n")
     print(f"wrote {output} and {plot_path}")
     return output
 
@@ -803,6 +723,57 @@ def forward_section(forward):
     return lines
 
 
+def summary(cost, parts, eval_every):
+    """The headline numbers of the sections (``parts``: the analysed study, None if not run)."""
+    base = cost["points"][0]
+    smallest = min(cost["points"][1:], key=lambda p: (p["kept_rollouts"], p["k"]))
+    lines = [
+        "**Summary.**",
+        f"- Step cost ({smallest['label']}, section 1): experience making "
+        f"{smallest['timing/make_experience'] / base['timing/make_experience']:.2f}, actor update "
+        f"{smallest['timing/ppo_train'] / base['timing/ppo_train']:.2f}, whole step "
+        f"{smallest['timing/step_total'] / base['timing/step_total']:.2f} of GRPO's time for "
+        f"{smallest['kept_rollouts'] / base['kept_rollouts']:.2f} of its rollouts.",
+    ]
+    for part, analysed in (parts or {}).items():
+        info = analysed["info"]
+        if "GRPO" not in info:
+            continue
+        grpo = info["GRPO"]
+        others = [m for m in info if m != "GRPO"]
+        lines.append(
+            f"- Study, part `{part}` (section 2): final held-out greedy GRPO {np.mean(grpo['final_greedy']):.3f}, "
+            + ", ".join(f"{m} {np.mean(info[m]['final_greedy']):.3f} (p = {_p(info[m]['test_vs_grpo'])})" for m in others)
+            + "; trained tokens against GRPO's: "
+            + ", ".join(f"{m} {info[m]['tokens_total'] / grpo['tokens_total']:.2f}" for m in others)
+            + "."
+        )
+    if parts:
+        verdicts = [CLAIM.match(line) for line in claims(parts, eval_every)]
+        lines.append(
+            "- The papers' claims at this scale (section 2): "
+            + "; ".join(f"{v.group(1)}: {v.group(2)}" for v in verdicts if v)
+            + "."
+        )
+    shares = [p["select_time_s"] / p["timing/step_total"] for p in cost["points"][1:]]
+    lines.append(f"- Selection (section 3): at most {100 * max(shares):.2f}% of a step in the step-cost runs.")
+    return lines
+
+
+def study_section(results):
+    """Section 2 of RESULTS.md from ``results/learning_study.json``, the analysed parts and the evaluation
+    interval (None, None if not run)."""
+    path = results / "learning_study.json"
+    heading = "## 2. Learning efficiency: the study"
+    if not path.exists():
+        return [heading, "", "Not run yet: `.venv/bin/python benchmarks/bench_learning.py` (see its docstring)."], None, None
+    document = json.loads(path.read_text())
+    parts = study_analysis(document)
+    plot_study(parts, results / "learning_study.png")
+    lines = [heading, "", *study_body(document, parts, "results/learning_study.png", heading="###")]
+    return lines, parts, document["eval_every"]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--results", default=str(HERE / "results"))
@@ -818,25 +789,22 @@ def main(argv=None):
     results = Path(options.results)
     selection = json.loads((results / "selection.json").read_text())
     cost = json.loads((results / "step_cost.json").read_text())
-    learning = json.loads((results / "learning.json").read_text())
-
-    target, start, methods = learning_analysis(learning)
     plot_step_cost(cost["points"], results / "step_cost.png")
-    plot_learning(methods, target, results / "learning_reward.png", results / "learning_grad_norm.png")
+    study, parts, eval_every = study_section(results)
     document = [
         "# Benchmarks: what D3S costs and saves",
         "",
-        "Regenerate everything: `bash benchmarks/run_all.sh` (step cost, selection, memory and this page: about 35 minutes "
-        "on 2 CPU cores; the learning section below is the 2026-11-21 run). Each section "
-        "names its own command, machine and date. CPU only: no GPU was available for these measurements.",
+        "Regenerate everything: `bash benchmarks/run_all.sh` (its header says how long each part takes on 2 CPU "
+        "cores). Each section names its own command, machine and date. CPU only: no GPU was available for these "
+        "measurements.",
         "",
-        *summary(cost, target, methods),
+        *summary(cost, parts, eval_every),
         "",
         *step_cost_section(cost),
         "",
-        *learning_section(learning, target, start, methods),
+        *study,
         "",
-        *selection_section(selection, cost, methods),
+        *selection_section(selection, cost, parts),
         "",
     ]
     if (results / "memory.json").exists():

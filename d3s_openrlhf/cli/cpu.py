@@ -11,6 +11,10 @@ errors and Ctrl-C included.
 For ``openrlhf.cli.train_ppo_ray`` and ``d3s_openrlhf.cli.train_ppo_ray`` the flags first go through the CPU
 pre-flight (:mod:`d3s_openrlhf.cpu.preflight`), before the head starts: flags the runtime cannot run are
 refused by name, or changed to their CPU equivalent with a note on stderr.
+
+``--fp32`` (or ``D3S_OPENRLHF_CPU_FP32=1``): every model trains, scores and generates in float32 instead of
+``--ds.param_dtype`` (upstream offers bf16 and fp16 only). On CPUs without native bf16 arithmetic, bf16 is
+emulated and runs about 13x slower than fp32; the flag changes the precision, not the algorithm.
 """
 
 import argparse
@@ -27,6 +31,12 @@ def parse(argv):
     parser = argparse.ArgumentParser(prog="python -m d3s_openrlhf.cli.cpu", description=__doc__.split("\n\n")[0])
     parser.add_argument("--address", default=None, help="existing Ray cluster (default: RAY_ADDRESS, else a new head)")
     parser.add_argument("--num-gpus", type=int, default=8, help="fake GPU resources of a new head (default 8)")
+    parser.add_argument(
+        "--fp32",
+        action="store_true",
+        help="train, score and generate in float32 whatever --ds.param_dtype says (sets D3S_OPENRLHF_CPU_FP32=1 for "
+        "every process of the job): CPUs without native bf16 run bf16 about 13x slower",
+    )
     parser.add_argument("module", help="module to run as __main__, e.g. openrlhf.cli.train_ppo_ray")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the module")
     return parser.parse_args(argv)
@@ -34,8 +44,15 @@ def parse(argv):
 
 def main(argv=None):
     options = parse(sys.argv[1:] if argv is None else argv)
-    from d3s_openrlhf.cpu import preflight, runtime
+    from d3s_openrlhf.cpu import patches, preflight, runtime
 
+    if options.fp32:
+        os.environ[patches.FP32_ENV] = "1"
+    try:
+        fp32 = patches.fp32_requested()
+    except ValueError as exc:
+        print(f"python -m d3s_openrlhf.cli.cpu: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
     args = options.args
     # a head given by address is the user's: its GPUs are not checked
     head_gpus = None if (options.address or os.environ.get("RAY_ADDRESS")) else options.num_gpus
@@ -45,6 +62,8 @@ def main(argv=None):
         except ValueError as exc:
             print(f"python -m d3s_openrlhf.cli.cpu: error: {exc}", file=sys.stderr)
             raise SystemExit(2) from exc
+    if fp32:
+        print(f"{preflight.PREFIX} float32 for every model ({patches.FP32_ENV}=1)", file=sys.stderr)
     runtime.activate(address=options.address, num_gpus=options.num_gpus)
     sys.argv = [options.module, *args]
     try:

@@ -26,6 +26,17 @@ What is adjusted, and why:
   transformers refuses flash-attention 2 on CPU, and OpenRLHF's default ``--ds.attn_implementation`` and its
   sample packing (which forces it) could not run.
 
+With ``D3S_OPENRLHF_CPU_FP32=1`` (the launcher's ``--fp32``), every model trains, scores and generates in
+float32 whatever ``--ds.param_dtype`` says. CPUs without native bf16 arithmetic (no AVX512-BF16 or AMX) emulate
+it, about 13x slower than fp32 for the toy Llama's forward and backward on an AVX2 machine; upstream offers
+only bf16 and fp16. Three attributes carry the precision:
+- ``convert_to_torch_dtype`` in ``openrlhf.utils.utils`` (read at call time by ``Actor`` and the reward/critic
+  model loader): float32;
+- ``get_train_ds_config`` / ``get_eval_ds_config`` as ``openrlhf.utils.deepspeed.deepspeed`` reads them: built
+  with neither bf16 nor fp16 enabled, i.e. DeepSpeed's fp32 engine;
+- the vLLM engine's ``dtype`` (``create_vllm_engines`` hard-codes bfloat16): float32, set by the CPU rollout
+  actor (:mod:`d3s_openrlhf.cpu.vllm_engine`). The weight sync sends each parameter in its own dtype.
+
 Only attributes that are looked up at call time are replaced (``torch.cuda.*``, class attributes, and module
 globals read by plain classes' methods). Methods of OpenRLHF's ``@ray.remote`` classes reach the workers
 pickled by value, with their own copy of the module globals they use, so a module global they read could not
@@ -36,9 +47,11 @@ import contextlib
 import functools
 import importlib.abc
 import importlib.util
+import os
 import sys
 import threading
 
+FP32_ENV = "D3S_OPENRLHF_CPU_FP32"
 _applied = False
 _lock = threading.Lock()
 _post_import = {}  # module name -> list of callables(module)
@@ -189,6 +202,36 @@ def _patch_transformers_flash_attention(module):
     module.FLASH_ATTENTION_COMPATIBILITY_MATRIX[2]["general_availability_check"] = _flash_attn_2_available
 
 
+def fp32_requested():
+    """Whether ``D3S_OPENRLHF_CPU_FP32`` asks for float32 (``1``); raises ValueError on other values than 0/1."""
+    value = os.environ.get(FP32_ENV, "0")
+    if value not in ("0", "1"):
+        raise ValueError(f"{FP32_ENV}={value!r}: set it to 1 (float32 everywhere) or 0 / unset (--ds.param_dtype)")
+    return value == "1"
+
+
+def _float32(param_dtype):
+    import torch
+
+    return torch.float32
+
+
+def _patch_dtype_conversion(module):
+    module.convert_to_torch_dtype = _float32
+
+
+def _patch_deepspeed_configs(module):
+    for name in ("get_train_ds_config", "get_eval_ds_config"):
+        upstream = getattr(module, name)
+
+        @functools.wraps(upstream)
+        def fp32_config(*args, _upstream=upstream, **kwargs):
+            kwargs["param_dtype"] = "fp32"  # neither "bf16" nor "fp16": both sections disabled
+            return _upstream(*args, **kwargs)
+
+        setattr(module, name, fp32_config)
+
+
 def apply():
     """Apply the adjustments every process needs (idempotent). This is the Ray ``worker_process_setup_hook``."""
     global _applied
@@ -202,6 +245,9 @@ def apply():
     when_imported("openrlhf.trainer.ray.ppo_actor", _patch_ppo_actor)
     when_imported("flash_attn", _patch_flash_attn)
     when_imported("transformers.modeling_flash_attention_utils", _patch_transformers_flash_attention)
+    if fp32_requested():
+        when_imported("openrlhf.utils.utils", _patch_dtype_conversion)
+        when_imported("openrlhf.utils.deepspeed.deepspeed", _patch_deepspeed_configs)
 
 
 def apply_driver():

@@ -17,8 +17,9 @@ REWARD_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "arith_re
 D3S_ENTRYPOINT = "d3s_openrlhf.cli.train_ppo_ray"
 
 
-def launcher_command(module, args):
-    return [sys.executable, "-m", "d3s_openrlhf.cli.cpu", module, *[str(a) for a in args]]
+def launcher_command(module, args, fp32=False):
+    """The CPU launcher's command for ``module``; ``fp32``: every model in float32 (its ``--fp32``)."""
+    return [sys.executable, "-m", "d3s_openrlhf.cli.cpu", *(["--fp32"] if fp32 else []), module, *map(str, args)]
 
 
 def run_logged(command, log_path, on_line=None, env=None, timeout=None):
@@ -181,9 +182,9 @@ def write_task_files(directory, config):
     return files, characters, max_new_tokens, max_len
 
 
-def prepare(workdir, config=TaskConfig(), log_path=None, on_line=None):
+def prepare(workdir, config=TaskConfig(), log_path=None, on_line=None, fp32=False):
     """Task files, tokenizer, model and reward file in ``workdir``, then the SFT warm start
-    (``openrlhf.cli.train_sft``)."""
+    (``openrlhf.cli.train_sft``; ``fp32``: in float32, the launcher's ``--fp32``)."""
     files, characters, max_new_tokens, max_len = write_task_files(os.path.join(workdir, "data"), config)
     shape = toy.ModelShape(max_positions=max(64, 1 << (max_len - 1).bit_length()))
     base = toy.save_model_and_tokenizer(
@@ -193,7 +194,7 @@ def prepare(workdir, config=TaskConfig(), log_path=None, on_line=None):
     sft = os.path.join(workdir, "sft_model")
     log_path = log_path or os.path.join(workdir, "logs", "sft.log")
     command = launcher_command(
-        "openrlhf.cli.train_sft", sft_args(base, files.sft, sft, config, max_len=max(32, max_len))
+        "openrlhf.cli.train_sft", sft_args(base, files.sft, sft, config, max_len=max(32, max_len)), fp32=fp32
     )
     rc = run_logged(command, log_path, on_line=on_line)
     if rc != 0:
@@ -227,6 +228,7 @@ class RLConfig:
     seed: int = 42  # --train.seed (OpenRLHF's default): data order, vLLM sampling, initialisation
     actor_gpus: int = 1
     zero_stage: int = 2
+    fp32: bool = False  # the launcher's --fp32: every model in float32 instead of --ds.param_dtype
     extra: list = field(default_factory=list)  # more flags, e.g. --d3s.* or --train.async_enable
 
 

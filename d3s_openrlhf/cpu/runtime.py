@@ -18,6 +18,8 @@ import atexit
 import os
 import socket
 
+from d3s_openrlhf.cpu import patches
+
 ENV_FLAG = "D3S_OPENRLHF_CPU"
 SETUP_HOOK = "d3s_openrlhf.cpu.patches.apply"
 DEFAULT_FAKE_GPUS = 8
@@ -98,7 +100,7 @@ def _worker_env():
     env = {}
     for key, default in WORKER_ENV_DEFAULTS.items():
         env[key] = os.environ.get(key, default)
-    for key in ("TORCH_EXTENSIONS_DIR", "OMP_NUM_THREADS", "PYTHONPATH", "HF_HUB_OFFLINE"):
+    for key in ("TORCH_EXTENSIONS_DIR", "OMP_NUM_THREADS", "PYTHONPATH", "HF_HUB_OFFLINE", patches.FP32_ENV):
         if key in os.environ:
             env[key] = os.environ[key]
     return env
@@ -117,9 +119,6 @@ def activate(address=None, num_gpus=DEFAULT_FAKE_GPUS, num_cpus=None, object_sto
     os.environ[ENV_FLAG] = "1"
     for key, default in WORKER_ENV_DEFAULTS.items():
         os.environ.setdefault(key, default)
-
-    from d3s_openrlhf.cpu import patches
-
     patches.apply_driver()
 
     import ray

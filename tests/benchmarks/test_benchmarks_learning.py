@@ -87,6 +87,9 @@ def test_study_chain_on_a_task_module_outside_the_repo(task_file, tmp_path):
          "--steps", "2", "--eval-every", "1", "--eval-samples", "2", "--prompts", "8"]
     )  # fmt: skip
     document = json.loads(Path(path).read_text())
+    # float32 by default: the launcher's switch reached the run, and the vLLM engine generated in float32
+    log = (out / "learning_runs" / "pods-PODS-seed0.log").read_text()
+    assert document["precision"] == "fp32" and "float32 for every model" in log and "dtype=torch.float32" in log
     run = document["results"]["pods"]["PODS"]["0"]
     assert [e["step"] for e in run["heldout"]] == [1, 2]
     assert all(0.0 <= e["greedy"] <= 1.0 and e["entropy"] >= 0.0 for e in run["heldout"])
@@ -102,3 +105,138 @@ def test_study_chain_on_a_task_module_outside_the_repo(task_file, tmp_path):
     summary = json.loads((tmp_path / "demo" / "summary.json").read_text())
     assert summary["task"] == task_file and len(summary["steps"]) == 1
     assert set(summary["heldout_accuracy"]["rl"]) == {"greedy", "sampled", "entropy"}
+
+
+# -- report.py on a synthetic study: every claim's verdict follows from the numbers --------------------------------
+def synthetic_run(greedy, grad, kept_tokens, step_time, eval_every=2):
+    """A run of len(greedy) * eval_every steps whose held-out greedy accuracy is ``greedy`` at the evaluations."""
+    steps = [
+        {
+            "step": i + 1,
+            "rollout/reward_mean": greedy[i // eval_every] - 0.05,
+            "rollout/response_length_mean": 20.0,
+            "rollout/num_samples": 128,
+            "d3s/kept_tokens": kept_tokens,
+            "d3s/zero_var_groups": 1.0,
+            "d3s/select_time_s": 0.001,
+            "actor_grad_norm": grad,
+            "timing/generation": step_time / 2,
+            "timing/make_experience": step_time / 4,
+            "timing/ppo_train": step_time / 4,
+            "timing/step_total": step_time,
+        }
+        for i in range(len(greedy) * eval_every)
+    ]
+    heldout = [
+        {"step": eval_every * (i + 1), "greedy": g, "sampled": g - 0.05, "entropy": 0.1} for i, g in enumerate(greedy)
+    ]
+    return {"group": 16, "steps": steps, "heldout": heldout, "date": "2026-11-24"}
+
+
+def synthetic_study(d3s_curve=(0.62, 0.63)):
+    def seeds(curve, grad=1.0, tokens=100.0, step_time=1.0, noisy=(1,)):
+        # seed k adds 0.01 k to the evaluations in ``noisy`` (and to the grad norm), so that tests have a spread
+        return {
+            str(k): synthetic_run(
+                [g + (0.01 * k if i in noisy else 0.0) for i, g in enumerate(curve)], grad + 0.01 * k, tokens, step_time
+            )
+            for k in range(3)
+        }
+
+    return {
+        "task": "synthetic",
+        "precision": "fp32",
+        "machine": "test",
+        "task_config": {"n_sft": 10, "sft_epochs": 1, "n_heldout": 8},
+        "prompts_per_step": 8,
+        "eval_every": 2,
+        "eval_samples": 2,
+        "sft_heldout": {"greedy": 0.2, "sampled": 0.2},
+        "results": {
+            "pods": {
+                "GRPO": seeds([0.4, 0.6]),  # peak 0.61 (seed mean) at step 4, 4 s
+                "PODS": seeds([0.62, 0.66]),  # reaches it at step 2, 2 s: 2x
+                "PODS-random": seeds([0.5, 0.55]),
+                "PODS-max-reward": seeds([0.3, 0.35]),
+            },
+            "d3s": {
+                "GRPO": seeds([0.4, 0.6]),  # final 0.61 at step 4, 4 s
+                "D1S": seeds([0.7, 0.5]),  # falls 0.2 from its peak
+                "D1S-Cross": seeds([0.6, 0.6], noisy=()),  # no spread, no fall: steadier than D1S
+                "D2S": seeds([0.7, 0.45]),
+                "D3S": seeds(d3s_curve, grad=3.0, tokens=10.0, step_time=0.8),  # 1.6 s to GRPO's final: 2.5x
+                "D3S-I": seeds([0.6, 0.6], noisy=()),
+            },
+        },
+    }
+
+
+def claim_lines(document):
+    return report.claims(report.study_analysis(document), document["eval_every"])
+
+
+def test_claims_follow_from_the_numbers():
+    lines = claim_lines(synthetic_study())
+    expected = {
+        "PODS, \"reaches GRPO's peak at least 1.7x sooner\": **agrees**": "2.00x in wall time",
+        "rule ablation, \"max-variance > random > max-reward\"": "**agrees**",
+        "D3S, \"2.04x faster than GRPO\": **agrees**": "2.50x in wall time, 2.00x in steps",
+        "GRPO's final held-out greedy 0.610": "On the training reward (10-step mean, per step) GRPO reaches its final",
+        "D3S, \"under 20% of the tokens\": **agrees**": "10.0% of GRPO's policy-gradient tokens",
+        "D3S, \"a higher gradient norm\": **agrees**": "(2.98x",
+        "\"D1S and D2S overfit without the schedule\": **agrees**": "D1S 0.190 ± 0.010",
+        # D3S is less steady than D3S-I, but D1S-Cross steadier than D1S: mixed
+        "less stable than intra-group\" (seen on unaligned Llama3.1-8B-Instruct): **not resolved": "D1S-Cross",
+    }
+    assert len(lines) == 8  # the drift, then one line per claim
+    assert "varied by up to 0%" in lines[0]  # every seed of a method has the same step time here
+    for head, detail in expected.items():
+        assert any(head in line and detail in line for line in lines), (head, lines)
+
+
+def test_a_method_that_never_reaches_grpo_is_a_disagreement():
+    lines = claim_lines(synthetic_study(d3s_curve=(0.3, 0.35)))
+    assert any('"2.04x faster than GRPO": **disagrees** (held-out accuracy: never reached' in line for line in lines)
+
+
+def test_the_training_reward_clock_alone_cannot_agree():
+    # D3S never reaches GRPO's final held-out accuracy, but its training reward gets to GRPO's final reward at
+    # step 1 (1.5 s) against GRPO's step 4 (4 s), 2.67x: at most unresolved, since that clock is in-sample
+    document = synthetic_study(d3s_curve=(0.3, 0.35))
+    for run in document["results"]["d3s"]["D3S"].values():
+        for step in run["steps"]:
+            step["rollout/reward_mean"] = 0.9
+            step["timing/step_total"] = 1.5
+    lines = claim_lines(document)
+    line = next(line for line in lines if '"2.04x faster than GRPO"' in line)
+    assert "**not resolved at this scale** (only the in-sample training-reward clock" in line, line
+    assert "by D3S never" in line and "2.67x in wall time" in line, line
+
+
+def test_results_page_has_the_study_as_section_2(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    for name in ("selection.json", "step_cost.json"):
+        (results / name).write_text((BENCHMARKS / "results" / name).read_text())
+    (results / "learning_study.json").write_text(json.dumps(synthetic_study()))
+    report.main(["--results", str(results), "--output", str(tmp_path / "RESULTS.md")])
+    text = (tmp_path / "RESULTS.md").read_text()
+    assert "## 2. Learning efficiency: the study" in text and "### Part `pods`" in text
+    assert "- Study, part `d3s` (section 2): final held-out greedy GRPO 0.610, D1S 0.510 (p = " in text
+    assert "D3S 0.640 (p = " in text and "trained tokens against GRPO's: D1S 1.00, D1S-Cross 1.00, D2S 1.00, D3S 0.10" in text
+    assert "claims at this scale (section 2): PODS, \"reaches GRPO's peak at least 1.7x sooner\": agrees;" in text
+    # early learning: at step 2 the pods part's GRPO (0.40) is below PODS (0.62) and PODS-random (0.50) only
+    assert "- Part `pods`, first evaluation (step 2): GRPO 0.400, PODS 0.620" in text and "(2 of 3 above GRPO)" in text
+    assert (results / "learning_study.png").exists()
+
+
+def test_a_wall_time_ratio_within_the_machines_drift_is_not_resolved():
+    document = synthetic_study()
+    for step in document["results"]["d3s"]["GRPO"]["2"]["steps"]:
+        step["timing/step_total"] = 1.5  # one seed ran slower: the drift is 0.5 / mean(1, 1, 1.5) = 43%
+    for run in document["results"]["d3s"]["D3S"].values():
+        for step in run["steps"]:
+            step["timing/step_total"] = 14 / 3 / 1.9 / 2  # GRPO's 14/3 s to its final over D3S's 2 steps: 1.9x
+    lines = claim_lines(document)
+    assert "varied by up to 43%" in lines[0]
+    assert any('"2.04x faster than GRPO": **not resolved at this scale**' in line and "1.90x" in line for line in lines)
