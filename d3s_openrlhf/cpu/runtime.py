@@ -31,6 +31,9 @@ WORKER_ENV_DEFAULTS = {
     "VLLM_CPU_KVCACHE_SPACE": "1",
     # Let the engine use the cores it is given instead of pinning OpenMP threads to fixed cores.
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    # vLLM runs its model executor inside the engine-core process instead of spawning one more worker process
+    # (what OpenRLHF itself sets under --train.full_determinism_enable): ~10 s less start-up per run on 2 cores.
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     # The same three OpenRLHF's train() would pass when it initialises Ray itself.
     "TOKENIZERS_PARALLELISM": "true",
     "NCCL_DEBUG": "WARN",

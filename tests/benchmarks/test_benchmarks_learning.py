@@ -90,6 +90,8 @@ def test_study_chain_on_a_task_module_outside_the_repo(task_file, tmp_path):
     # float32 by default: the launcher's switch reached the run, and the vLLM engine generated in float32
     log = (out / "learning_runs" / "pods-PODS-seed0.log").read_text()
     assert document["precision"] == "fp32" and "float32 for every model" in log and "dtype=torch.float32" in log
+    # the runtime's VLLM_ENABLE_V1_MULTIPROCESSING=0: vLLM's executor ran inside its engine-core process
+    assert "(EngineCore pid=" in log and "(Worker pid=" not in log
     run = document["results"]["pods"]["PODS"]["0"]
     assert [e["step"] for e in run["heldout"]] == [1, 2]
     assert all(0.0 <= e["greedy"] <= 1.0 and e["entropy"] >= 0.0 for e in run["heldout"])

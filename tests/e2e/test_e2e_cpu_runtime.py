@@ -29,6 +29,7 @@ PROBE_MODULE = textwrap.dedent(
             return {
                 "current_device": str(torch.cuda.current_device()),
                 "kvcache": os.environ.get("VLLM_CPU_KVCACHE_SPACE"),
+                "vllm_multiprocessing": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING"),
                 "node_ip": ray.util.get_node_ip_address(),
             }
 
@@ -91,6 +92,7 @@ def test_worker_adjustments_loopback_head_and_clean_exit(tmp_path, run_processes
     try:
         assert report["current_device"] == "cpu"  # torch.cuda stand-ins inside a Ray worker
         assert report["kvcache"] == "1"  # the job's runtime environment reached the worker
+        assert report["vllm_multiprocessing"] == "0"
         assert report["gpus"] == 8  # fake GPU resources for OpenRLHF's placement groups
         assert report["node_ip"] == "127.0.0.1"
         addresses = listening_addresses(run_processes.alive(run_id))
