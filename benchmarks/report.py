@@ -441,7 +441,7 @@ CLAIM = re.compile(r"^- (.+?): \*\*(.+?)\*\*")  # a claim line: "- who, \"claim\
 
 
 def claims(parts, eval_every):
-    """The papers' claims, each with what the study shows (agrees / partly / disagrees / not resolved)."""
+    """The papers' claims, each with what the study shows (agrees / disagrees / not resolved at this scale)."""
     drift = step_time_drift(parts)
     lines = [
         f"- Machine drift: one method's mean step time varied by up to {100 * drift:.0f}% between seeds (the same "
