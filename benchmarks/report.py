@@ -264,13 +264,20 @@ def thirds(values):
     return [float(np.nanmean(c)) if np.isfinite(c).any() else float("nan") for c in chunks]  # short runs: nan
 
 
+def first_at_least(curve, target):
+    """Index of the first value of ``curve`` at least ``target``, or None; the tolerance lets GRPO's curve reach
+    its own values."""
+    hits = np.nonzero(curve >= target - 1e-9)[0]
+    return int(hits[0]) if len(hits) else None
+
+
 def reach(m, target):
     """First evaluation at which method ``m``'s seed-mean held-out greedy curve is at least ``target``:
     ``{"step", "tokens", "wall", "generation_share"}`` (seed means up to that step), all None if never."""
-    hits = np.nonzero(m["curve"] >= target - 1e-9)[0]  # the tolerance lets GRPO's curve reach its own values
-    if not len(hits):
+    hit = first_at_least(m["curve"], target)
+    if hit is None:
         return dict(step=None, tokens=None, wall=None, generation_share=None)
-    step = int(m["eval_step"][hits[0]])
+    step = int(m["eval_step"][hit])
     if step == 0:
         return dict(step=0, tokens=0.0, wall=0.0, generation_share=None)
     wall = float(np.mean([r["wall"][step - 1] for r in m["runs"]]))
@@ -286,10 +293,10 @@ def reach_reward(m, target):
     """First step at which method ``m``'s seed-mean training reward (all generated rollouts, T = 1; SMOOTH-step
     trailing mean) is at least ``target``: ``{"step", "wall"}``, None if never. Per step, unlike the held-out
     curve: a finer, if in-sample, clock."""
-    hits = np.nonzero(m["reward_curve"] >= target - 1e-9)[0]
-    if not len(hits):
+    hit = first_at_least(m["reward_curve"], target)
+    if hit is None:
         return dict(step=None, wall=None)
-    return dict(step=int(hits[0]) + 1, wall=float(np.mean([r["wall"][hits[0]] for r in m["runs"]])))
+    return dict(step=hit + 1, wall=float(np.mean([r["wall"][hit] for r in m["runs"]])))
 
 
 def study_analysis(document):
@@ -570,8 +577,9 @@ def early_learning(parts):
     return lines
 
 
-def study_body(document, parts, plot_path, heading="##"):
-    """The study's description, one table per part, the plot and the claims, under ``heading``-level parts."""
+def study_body(document, parts, plot_path, claim_lines, heading="##"):
+    """The study's description, one table per part, the plot and the claims (``claims``' lines), under
+    ``heading``-level parts."""
     dates = sorted({run["date"] for methods in document["results"].values() for seeds in methods.values()
                     for run in seeds.values()})  # fmt: skip
     config = document["task_config"]
@@ -628,7 +636,7 @@ def study_body(document, parts, plot_path, heading="##"):
         f"![study]({plot_path})",
         "",
         "**The papers' claims at this scale.**",
-        *claims(parts, document["eval_every"]),
+        *claim_lines,
         "",
         "**Early learning** (before every method saturates).",
         *early_learning(parts),
@@ -641,7 +649,8 @@ def study_main(path, output):
     parts = study_analysis(document)
     plot_path = Path(output).with_suffix(".png")
     plot_study(parts, plot_path)
-    lines = [f"# Learning-efficiency study on `{document['task']}`", "", *study_body(document, parts, plot_path.name)]
+    body = study_body(document, parts, plot_path.name, claims(parts, document["eval_every"]))
+    lines = [f"# Learning-efficiency study on `{document['task']}`", "", *body]
     Path(output).write_text("\n".join(lines) + "\n")
     print(f"wrote {output} and {plot_path}")
     return output
@@ -723,8 +732,9 @@ def forward_section(forward):
     return lines
 
 
-def summary(cost, parts, eval_every):
-    """The headline numbers of the sections (``parts``: the analysed study, None if not run)."""
+def summary(cost, parts, claim_lines):
+    """The headline numbers of the sections (``parts``: the analysed study and ``claim_lines`` its claims, None if
+    not run)."""
     base = cost["points"][0]
     smallest = min(cost["points"][1:], key=lambda p: (p["kept_rollouts"], p["k"]))
     lines = [
@@ -749,7 +759,7 @@ def summary(cost, parts, eval_every):
             + "."
         )
     if parts:
-        verdicts = [CLAIM.match(line) for line in claims(parts, eval_every)]
+        verdicts = [CLAIM.match(line) for line in claim_lines]
         lines.append(
             "- The papers' claims at this scale (section 2): "
             + "; ".join(f"{v.group(1)}: {v.group(2)}" for v in verdicts if v)
@@ -761,8 +771,8 @@ def summary(cost, parts, eval_every):
 
 
 def study_section(results):
-    """Section 2 of RESULTS.md from ``results/learning_study.json``, the analysed parts and the evaluation
-    interval (None, None if not run)."""
+    """Section 2 of RESULTS.md from ``results/learning_study.json``, the analysed parts and the claims' lines
+    (None, None if not run)."""
     path = results / "learning_study.json"
     heading = "## 2. Learning efficiency: the study"
     if not path.exists():
@@ -770,8 +780,9 @@ def study_section(results):
     document = json.loads(path.read_text())
     parts = study_analysis(document)
     plot_study(parts, results / "learning_study.png")
-    lines = [heading, "", *study_body(document, parts, "results/learning_study.png", heading="###")]
-    return lines, parts, document["eval_every"]
+    claim_lines = claims(parts, document["eval_every"])
+    lines = [heading, "", *study_body(document, parts, "results/learning_study.png", claim_lines, heading="###")]
+    return lines, parts, claim_lines
 
 
 def main(argv=None):
@@ -790,7 +801,7 @@ def main(argv=None):
     selection = json.loads((results / "selection.json").read_text())
     cost = json.loads((results / "step_cost.json").read_text())
     plot_step_cost(cost["points"], results / "step_cost.png")
-    study, parts, eval_every = study_section(results)
+    study, parts, claim_lines = study_section(results)
     document = [
         "# Benchmarks: what D3S costs and saves",
         "",
@@ -798,7 +809,7 @@ def main(argv=None):
         "cores). Each section names its own command, machine and date. CPU only: no GPU was available for these "
         "measurements.",
         "",
-        *summary(cost, parts, eval_every),
+        *summary(cost, parts, claim_lines),
         "",
         *step_cost_section(cost),
         "",
