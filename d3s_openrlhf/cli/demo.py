@@ -115,7 +115,7 @@ def heldout_accuracy(model_path, heldout_path, samples=8, seed=0, task=tasks.DEF
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    reward = tasks.load_task(task).reward
+    module = tasks.load_task(task)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
@@ -144,9 +144,8 @@ def heldout_accuracy(model_path, heldout_path, samples=8, seed=0, task=tasks.DEF
         responses = output.sequences[:, width:]
         texts = tokenizer.batch_decode(responses, skip_special_tokens=False)
         labels = [row["label"] for row in rows] * repeats
-        accuracy = sum(
-            float(reward(tasks.response_of(text, ""), label)) for text, label in zip(texts, labels)
-        ) / len(texts)
+        accuracy = sum(tasks.score(module, tasks.response_of(text, ""), label) for text, label in zip(texts, labels))
+        accuracy /= len(texts)
         # (R, T) entropy of each generated position; positions after the EOS token are padding
         log_probs = torch.stack(output.logits, dim=1).float().log_softmax(-1)
         entropy = -(log_probs.exp() * log_probs).sum(-1)

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from d3s_openrlhf import tasks
 from d3s_openrlhf.cpu import toy
@@ -100,8 +100,11 @@ class TaskConfig:
 
 def task_config(task=tasks.DEFAULT_TASK, **overrides):
     """``TaskConfig`` for ``task``: the defaults, then the module's ``TASK_CONFIG``, then ``overrides``."""
-    fields = {**getattr(tasks.load_task(task), "TASK_CONFIG", {}), **overrides}
-    return TaskConfig(task=task, **fields)
+    own = getattr(tasks.load_task(task), "TASK_CONFIG", {})
+    known = {f.name for f in fields(TaskConfig)} - {"task"}
+    if set(own) - known:
+        raise ValueError(f"{task}: TASK_CONFIG keys {sorted(set(own) - known)} are not among {sorted(known)}")
+    return TaskConfig(task=task, **{**own, **overrides})
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ A task module defines
 - ``make_examples(split, n, seed) -> list[dict]`` for the splits ``"sft"``, ``"rl"`` and ``"heldout"`` (disjoint,
   deterministic in ``seed``); each dict has ``prompt``, ``answer`` and ``sft_response`` (what the SFT warm start
   imitates; it may be imperfect);
-- ``reward(response, answer) -> float``: ``response`` is the generated text up to its first EOS token.
+- ``reward(response, answer) -> float``: ``response`` is the generated text up to its first EOS token, possibly
+  empty; the reward must be a finite number for any response (:func:`examples` tries it before training).
 
 Everything else is built from it (:mod:`d3s_openrlhf.cpu.pipeline`): a character-level tokenizer over the
 characters of the examples (whitespace is normalised away, see :func:`d3s_openrlhf.cpu.toy.build_tokenizer`), the
@@ -14,8 +15,10 @@ the task in OpenRLHF's Ray workers. A module given by file path (``/some/dir/my_
 workers' path: the reward file loads it from that file.
 """
 
+import hashlib
 import importlib
 import importlib.util
+import math
 import os
 import sys
 
@@ -30,7 +33,9 @@ def load_task(spec):
         path = os.path.abspath(spec)
         if not os.path.isfile(path):
             raise FileNotFoundError(f"task file {path} does not exist; give an import path or a .py file")
-        name = "d3s_task_" + os.path.splitext(os.path.basename(path))[0]
+        # the path's digest in the name: two task files named alike in two directories are two modules
+        digest = hashlib.sha1(path.encode()).hexdigest()[:8]
+        name = f"d3s_task_{os.path.splitext(os.path.basename(path))[0]}_{digest}"
         if name not in sys.modules:
             module_spec = importlib.util.spec_from_file_location(name, path)
             module = importlib.util.module_from_spec(module_spec)
@@ -60,20 +65,46 @@ def _worker_spec(spec):
 
 
 def examples(task, split, n, seed):
-    """``task.make_examples`` with its contract checked (a clear error before any Ray work)."""
+    """``task.make_examples`` with its contract checked: the fields and their types, and ``task.reward`` scoring
+    each SFT response and an empty response (the policy can emit EOS at once) as a finite number. A clear
+    error here comes before any Ray work instead of a crash mid-training."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    name = task.__name__
     rows = task.make_examples(split, n, seed)
     if len(rows) != n:
-        raise ValueError(f"{task.__name__}.make_examples({split!r}, {n}, {seed}) returned {len(rows)} examples")
+        raise ValueError(f"{name}.make_examples({split!r}, {n}, {seed}) returned {len(rows)} examples")
     for row in rows:
         missing = {"prompt", "answer", "sft_response"} - set(row)
         if missing:
-            raise ValueError(f"{task.__name__}: example {row!r} lacks {sorted(missing)}")
+            raise ValueError(f"{name}: example {row!r} lacks {sorted(missing)}")
+        if not isinstance(row["prompt"], str) or not row["prompt"]:
+            raise ValueError(f"{name}: prompt {row['prompt']!r} must be a non-empty string")
+        if not isinstance(row["sft_response"], str):
+            raise ValueError(f"{name}: sft_response {row['sft_response']!r} must be a string")
         for key in ("prompt", "sft_response"):
             if any(ch.isspace() for ch in row[key]):
-                raise ValueError(f"{task.__name__}: {key} {row[key]!r} contains whitespace, which the tokenizer drops")
+                raise ValueError(f"{name}: {key} {row[key]!r} contains whitespace, which the tokenizer drops")
+        score(task, row["sft_response"], row["answer"])
+    if rows:
+        score(task, "", rows[0]["answer"])
     return rows
+
+
+def score(task, response, answer):
+    """``float(task.reward(response, answer))``; ``ValueError`` naming the call if it raises or is not finite."""
+    call = f"{task.__name__}.reward({response!r}, {answer!r})"
+    try:
+        value = task.reward(response, answer)
+    except Exception as error:
+        raise ValueError(f"{call} raised {type(error).__name__}: {error}") from error
+    try:
+        reward = float(value)
+    except (TypeError, ValueError):
+        reward = math.nan
+    if not math.isfinite(reward):
+        raise ValueError(f"{call} returned {value!r}; a reward must be a finite number (0.0 for an unscorable response)")
+    return reward
 
 
 def response_of(query, prompt):
@@ -102,9 +133,7 @@ def reward_func_of(task):
     def reward_func(queries, prompts, labels, **_):
         import torch
 
-        rewards = torch.tensor(
-            [float(task.reward(response_of(q, p), label)) for q, p, label in zip(queries, prompts, labels)]
-        )
+        rewards = torch.tensor([score(task, response_of(q, p), label) for q, p, label in zip(queries, prompts, labels)])
         return {"rewards": rewards, "scores": rewards, "extra_logs": {}}
 
     return reward_func

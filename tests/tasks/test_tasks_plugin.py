@@ -40,6 +40,14 @@ def test_load_by_import_path_and_by_file(tmp_path):
     assert module.reward("cba", "cba") == 1.0 and module.reward("cb", "cba") == 0.0
 
 
+def test_files_of_the_same_name_in_two_directories_are_two_tasks(tmp_path):
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    first = tasks.load_task(str(write_module(tmp_path / "a", "task")))
+    second = tasks.load_task(str(write_module(tmp_path / "b", "task", REVERSE_TASK.replace("response == answer", "True"))))
+    assert first.reward("x", "y") == 0.0 and second.reward("x", "y") == 1.0
+    assert tasks.load_task(str(tmp_path / "a" / "task.py")) is first
+
+
 def test_bad_modules_are_named(tmp_path):
     with pytest.raises(TypeError, match="must define reward"):
         tasks.load_task(str(write_module(tmp_path, "no_reward", "def make_examples(split, n, seed):\n    return []\n")))
@@ -51,6 +59,34 @@ def test_bad_modules_are_named(tmp_path):
     spaced = write_module(tmp_path, "spaced", REVERSE_TASK.replace('w + ">"', 'w + " >"'))
     with pytest.raises(ValueError, match="whitespace"):
         tasks.examples(tasks.load_task(str(spaced)), "sft", 4, 0)
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (('w + ">"', "len(w)"), r"prompt 3 must be a non-empty string"),
+        (('w + ">"', '""'), r"prompt '' must be a non-empty string"),
+        (('"sft_response": w[::-1]', '"sft_response": None'), r"sft_response None must be a string"),
+        (("return float(response == answer)", "return None"), r"reward\('([a-d]{3})', '\1'\) returned None"),
+        (("return float(response == answer)", "return float('nan')"), r"reward\('([a-d]{3})', '\1'\) returned nan"),
+        (("return float(response == answer)", "return 'yes'"), r"reward\('([a-d]{3})', '\1'\) returned 'yes'"),
+        # the policy can end its response at once: a reward that fails on "" would stop the run mid-training
+        (("return float(response == answer)", "return float(response[-1] == answer[-1])"), r"reward\('', '[a-d]{3}'\) raised IndexError"),
+    ],
+)
+def test_bad_examples_and_rewards_are_refused_before_training(tmp_path, edit, message):
+    bad = write_module(tmp_path, "bad", REVERSE_TASK.replace(*edit))
+    with pytest.raises(ValueError, match=message) as error:
+        tasks.examples(tasks.load_task(str(bad)), "sft", 4, 0)
+    assert "bad" in str(error.value)  # names the task module
+
+
+def test_task_config_keys_are_checked(tmp_path):
+    good = write_module(tmp_path, "sized", REVERSE_TASK + "TASK_CONFIG = {'n_sft': 12, 'sft_epochs': 2}\n")
+    assert pipeline.task_config(str(good), sft_epochs=3) == pipeline.TaskConfig(task=str(good), n_sft=12, sft_epochs=3)
+    typo = write_module(tmp_path, "typo", REVERSE_TASK + "TASK_CONFIG = {'n_sfts': 12}\n")
+    with pytest.raises(ValueError, match=r"TASK_CONFIG keys \['n_sfts'\] are not among .*'n_sft'"):
+        pipeline.task_config(str(typo))
 
 
 def test_overlapping_splits_are_refused(tmp_path):
