@@ -33,9 +33,10 @@ and the policy's mean per-token entropy over its sampled responses. ``benchmarks
 
 Cost on 2 CPU cores (AMD EPYC, fp32, 2026-11-24), at the defaults (3 seeds x 100 steps): the SFT 4.4 minutes, the
 ``pods`` part 43 minutes, the ``d3s`` part 76, in all 124 (the machine's speed varied by up to 51% between seeds;
-seed 0 of both parts took 38 minutes). A run spent ~45 s starting Ray, the actors and the vLLM engine (about 10 s
-less since the runtime sets ``VLLM_ENABLE_V1_MULTIPROCESSING=0``), then steps of 0.95 s (GRPO at n = 4) to 1.9 s
-(GRPO at G = 16), about half of it generating; held-out evaluations take seconds.
+seed 0 of both parts took 38 minutes). Of that, the RL steps are 81 minutes (steps of 0.95 s for GRPO at n = 4 to
+1.9 s for GRPO at G = 16, 58% of it generating) and the held-out evaluations 4.3; the rest of a run (starting Ray,
+the actors and the vLLM engine, checkpoints, shutdown) took 69 s then and 43 s since the runtime sets
+``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (one 45-step run), so the defaults need at least 105 minutes here.
 
 ``--quick`` smoke-tests the whole chain (a 1-epoch SFT on 64 examples, every method for 1 seed x 3 steps, the
 evaluations, the report) in a few minutes. Every invocation ends with ``report.py --study`` on the results so far
