@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -411,18 +411,19 @@ def _reward_clock(grpo, method, which, name):
 
 
 def _speed_verdict(heldout, reward, claimed, drift):
-    """Verdict on "at least ``claimed``x faster" from the measured wall-time speedups on the held-out clock and on
-    the training-reward clock (None where the method never got there); ``drift``: the relative spread of the same
-    method's step time over seeds, which a wall-time ratio cannot resolve. Only the held-out clock can agree (the
-    training reward is in-sample); either clock within the drift of the claim leaves it unresolved."""
+    """``(verdict, qualifier)`` on "at least ``claimed``x faster" from the measured wall-time speedups on the
+    held-out clock and on the training-reward clock (None where the method never got there); ``drift``: the
+    relative spread of the same method's step time over seeds, which a wall-time ratio cannot resolve. Only the
+    held-out clock can agree (the training reward is in-sample); either clock within the drift of the claim leaves
+    it unresolved."""
     if heldout is not None and heldout >= claimed:
-        return "**agrees**"
+        return AGREES, ""
     if heldout is not None and heldout * (1 + drift) >= claimed:
-        return "**not resolved at this scale** (within the machine's drift of the claimed factor)"
+        return UNRESOLVED, " (within the machine's drift of the claimed factor)"
     if reward is not None and reward * (1 + drift) >= claimed:
         within = "" if reward >= claimed else ", within the machine's drift"
-        return f"**not resolved at this scale** (only the in-sample training-reward clock shows the factor{within})"
-    return "**disagrees**" + (" (held-out accuracy: never reached within the run)" if heldout is None else "")
+        return UNRESOLVED, f" (only the in-sample training-reward clock shows the factor{within})"
+    return DISAGREES, " (held-out accuracy: never reached within the run)" if heldout is None else ""
 
 
 def step_time_drift(parts):
@@ -438,52 +439,73 @@ def step_time_drift(parts):
 def _order_verdict(tests):
     """Verdict on a claimed ordering a > b > c from the Welch tests of its adjacent pairs (t > 0: as claimed)."""
     if any(t < 0 and p < ALPHA for t, p in tests):
-        return "**disagrees**"
+        return DISAGREES
     if all(t > 0 and p < ALPHA for t, p in tests):
-        return "**agrees**"
-    return "**not resolved at this scale**"
+        return AGREES
+    return UNRESOLVED
 
 
-CLAIM = re.compile(r"^- (.+?): \*\*(.+?)\*\*")  # a claim line: "- who, \"claim\": **verdict**"
+AGREES, DISAGREES, UNRESOLVED = "agrees", "disagrees", "not resolved at this scale"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A paper's claim and what the study shows; ``line``: ``- {label}: **{verdict}**{detail}``."""
+
+    label: str  # who claims what, e.g. 'D3S, "2.04x faster than GRPO"'
+    verdict: str  # AGREES, DISAGREES or UNRESOLVED
+    detail: str  # the numbers, right after the verdict (". GRPO's final ..." or " (qualifier). ...")
+
+    @property
+    def line(self):
+        return f"- {self.label}: **{self.verdict}**{self.detail}"
+
+
+def drift_line(parts):
+    """What the machine's drift of step times means for the wall-time claims."""
+    return (
+        f"- Machine drift: one method's mean step time varied by up to {100 * step_time_drift(parts):.0f}% between "
+        "seeds (the same flags, hence the same work): wall-time ratios closer than that to a claimed factor are not "
+        "resolved; steps and trained tokens are unaffected."
+    )
 
 
 def claims(parts, eval_every):
-    """The papers' claims, each with what the study shows (agrees / disagrees / not resolved at this scale)."""
+    """The papers' claims (:class:`Claim`), each with what the study shows (agrees / disagrees / not resolved)."""
     drift = step_time_drift(parts)
-    lines = [
-        f"- Machine drift: one method's mean step time varied by up to {100 * drift:.0f}% between seeds (the same "
-        "flags, hence the same work): wall-time ratios closer than that to a claimed factor are not resolved; steps "
-        "and trained tokens are unaffected."
-    ]
+    found = []
     pods, family = parts.get("pods"), parts.get("d3s")
     resolution = f"(evaluations every {eval_every} steps bound the resolution of every time-to-accuracy)"
     if pods and {"GRPO", "PODS"} <= set(pods["info"]):
         grpo, method = pods["info"]["GRPO"], pods["info"]["PODS"]
         speedup = _speedup(grpo["reach_peak"], method["reach_peak"])
-        verdict = _speed_verdict(speedup, _reward_speedup(grpo, method, "peak"), PAPER_SPEEDUP["PODS"], drift)
-        lines.append(
-            f"- PODS, \"reaches GRPO's peak at least {PAPER_SPEEDUP['PODS']}x sooner\": {verdict}. GRPO (n = m = "
-            f"{grpo['group']}) peaks at "
+        reward = _reward_speedup(grpo, method, "peak")
+        verdict, qualifier = _speed_verdict(speedup, reward, PAPER_SPEEDUP["PODS"], drift)
+        found.append(Claim(
+            f"PODS, \"reaches GRPO's peak at least {PAPER_SPEEDUP['PODS']}x sooner\"",
+            verdict,
+            f"{qualifier}. GRPO (n = m = {grpo['group']}) peaks at "
             f"{pods['peak']:.3f} held-out greedy, reached first {_reach_text(grpo['reach_peak'])}; PODS (n = "
             f"{method['group']}, m = {grpo['group']}) reaches it {_reach_text(method['reach_peak'])}"
             + ("" if speedup is None else f": {speedup:.2f}x in wall time")
             + f" {resolution}. {_reward_clock(grpo, method, 'peak', 'PODS')} Final greedy "
             f"{mean_std(method['final_greedy'])} against GRPO's {mean_std(grpo['final_greedy'])} "
             f"(p = {_p(method['test_vs_grpo'])})."
-        )
+        ))  # fmt: skip
     rules = ["PODS", "PODS-random", "PODS-max-reward"]
     if pods and set(rules) <= set(pods["info"]):
         ms = [pods["info"][r] for r in rules]
         tests = [welch_t_test(a["mean_greedy"], b["mean_greedy"]) for a, b in zip(ms, ms[1:])]
-        lines.append(
-            "- PODS's rule ablation, \"max-variance > random > max-reward\" (82.6 / 81.6 / 67.3 on GSM8K): "
-            f"{_order_verdict(tests)}. Held-out greedy accuracy averaged over the run's evaluations (how fast and how "
+        found.append(Claim(
+            "PODS's rule ablation, \"max-variance > random > max-reward\" (82.6 / 81.6 / 67.3 on GSM8K)",
+            _order_verdict(tests),
+            ". Held-out greedy accuracy averaged over the run's evaluations (how fast and how "
             f"far it learns): {' / '.join(mean_std(m['mean_greedy']) for m in ms)}; final "
             f"{' / '.join(mean_std(m['final_greedy']) for m in ms)}. Welch p of max-variance vs random "
             f"{_p(tests[0])}, random vs max-reward {_p(tests[1])}."
-        )
+        ))  # fmt: skip
     if not family or "GRPO" not in family["info"]:
-        return lines
+        return found
     info = family["info"]
     grpo = info["GRPO"]
     if "D3S" in info:
@@ -492,40 +514,46 @@ def claims(parts, eval_every):
         steps = None
         if d3s["reach_final"]["step"] and grpo["reach_final"]["step"]:
             steps = grpo["reach_final"]["step"] / d3s["reach_final"]["step"]
-        verdict = _speed_verdict(speedup, _reward_speedup(grpo, d3s, "final"), PAPER_SPEEDUP["D3S"], drift)
-        lines.append(
-            f"- D3S, \"{PAPER_SPEEDUP['D3S']}x faster than GRPO\": {verdict}. "
-            f"GRPO's final held-out greedy {family['target']:.3f} is first reached by GRPO "
+        reward = _reward_speedup(grpo, d3s, "final")
+        verdict, qualifier = _speed_verdict(speedup, reward, PAPER_SPEEDUP["D3S"], drift)
+        found.append(Claim(
+            f"D3S, \"{PAPER_SPEEDUP['D3S']}x faster than GRPO\"",
+            verdict,
+            f"{qualifier}. GRPO's final held-out greedy {family['target']:.3f} is first reached by GRPO "
             f"{_reach_text(grpo['reach_final'])}, by D3S {_reach_text(d3s['reach_final'])}"
             + ("" if speedup is None else f": {speedup:.2f}x in wall time, {steps:.2f}x in steps")
             + f" {resolution}. {_reward_clock(grpo, d3s, 'final', 'D3S')} Final greedy "
             f"{mean_std(d3s['final_greedy'])} against GRPO's {mean_std(grpo['final_greedy'])} "
             f"(p = {_p(d3s['test_vs_grpo'])})."
-        )
+        ))  # fmt: skip
         share = d3s["tokens_total"] / grpo["tokens_total"]
-        lines.append(
-            f"- D3S, \"under 20% of the tokens\": **{'agrees' if share < 0.2 else 'disagrees'}**. D3S trained on "
-            f"{100 * share:.1f}% of GRPO's policy-gradient tokens over the run ({d3s['tokens_total'] / 1e3:.1f}k "
-            f"against {grpo['tokens_total'] / 1e3:.1f}k, seed means); this follows from the schedule's N and K and "
-            "the zero-variance groups, not from learning."
-        )
+        found.append(Claim(
+            'D3S, "under 20% of the tokens"',
+            AGREES if share < 0.2 else DISAGREES,
+            f". D3S trained on {100 * share:.1f}% of GRPO's policy-gradient tokens over the run "
+            f"({d3s['tokens_total'] / 1e3:.1f}k against {grpo['tokens_total'] / 1e3:.1f}k, seed means); this follows "
+            "from the schedule's N and K and the zero-variance groups, not from learning."
+        ))  # fmt: skip
         test = welch_t_test(d3s["grad_mean"], grpo["grad_mean"])
         ratio = np.mean(d3s["grad_mean"]) / np.mean(grpo["grad_mean"])
-        lines.append(
-            f"- D3S, \"a higher gradient norm\": {_order_verdict([test])}. Mean actor gradient norm over the run "
-            f"{mean_std(d3s['grad_mean'], '{:.2f}')} against GRPO's {mean_std(grpo['grad_mean'], '{:.2f}')} "
+        found.append(Claim(
+            'D3S, "a higher gradient norm"',
+            _order_verdict([test]),
+            f". Mean actor gradient norm over the run {mean_std(d3s['grad_mean'], '{:.2f}')} against GRPO's "
+            f"{mean_std(grpo['grad_mean'], '{:.2f}')} "
             f"({ratio:.2f}x, Welch p = {_p(test)}; OpenRLHF logs the norm of a step's last optimizer step)."
-        )
+        ))  # fmt: skip
     if {"D1S", "D2S", "D3S"} <= set(info):
         tests = [welch_t_test(info[m]["drop"], info["D3S"]["drop"]) for m in ("D1S", "D2S")]
         drops = ", ".join(f"{m} {mean_std(info[m]['drop'])}" for m in ("D1S", "D2S", "D3S"))
-        lines.append(
-            f"- D3S, \"D1S and D2S overfit without the schedule\": {_order_verdict(tests)}. Read as a held-out "
-            f"greedy accuracy that falls from its peak by the end of the run (peak - final, per seed): {drops}; "
-            f"Welch p against D3S: D1S {_p(tests[0])}, D2S {_p(tests[1])}. Final greedy: "
+        found.append(Claim(
+            'D3S, "D1S and D2S overfit without the schedule"',
+            _order_verdict(tests),
+            ". Read as a held-out greedy accuracy that falls from its peak by the end of the run (peak - final, per "
+            f"seed): {drops}; Welch p against D3S: D1S {_p(tests[0])}, D2S {_p(tests[1])}. Final greedy: "
             + ", ".join(f"{m} {mean_std(info[m]['final_greedy'])}" for m in ("D1S", "D2S", "D3S"))
-            + "."
-        )
+            + ".",
+        ))  # fmt: skip
     pairs = [(c, i) for c, i in (("D3S", "D3S-I"), ("D1S-Cross", "D1S")) if c in info and i in info]
     if pairs:
         verdicts, texts = [], []
@@ -539,18 +567,17 @@ def claims(parts, eval_every):
                 f"largest fall between evaluations of the seed-mean curve {fall[0]:.3f} vs {fall[1]:.3f}"
             )
         verdict = (
-            "**agrees**" if all(v == 2 for v in verdicts)
-            else "**disagrees**" if all(v == 0 for v in verdicts)
-            else "**not resolved at this scale**"
+            AGREES if all(v == 2 for v in verdicts)
+            else DISAGREES if all(v == 0 for v in verdicts)
+            else UNRESOLVED
         )  # fmt: skip
-        lines.append(
-            f"- D3S, \"cross-group selection is less stable than intra-group\" (seen on unaligned "
-            f"Llama3.1-8B-Instruct): {verdict} (it would agree if cross were worse on both measures in every pair, "
-            "disagree if better on both in every pair). "
-            + "; ".join(texts)
-            + "."
-        )
-    return lines
+        found.append(Claim(
+            'D3S, "cross-group selection is less stable than intra-group" (seen on unaligned Llama3.1-8B-Instruct)',
+            verdict,
+            " (it would agree if cross were worse on both measures in every pair, disagree if better on both in "
+            "every pair). " + "; ".join(texts) + ".",
+        ))  # fmt: skip
+    return found
 
 
 def early_learning(parts):
@@ -577,7 +604,7 @@ def early_learning(parts):
     return lines
 
 
-def study_body(document, parts, plot_path, claim_lines, heading="##"):
+def study_body(document, parts, plot_path, found, heading="##"):
     """The study's description, one table per part, the plot and the claims (``claims``' lines), under
     ``heading``-level parts."""
     dates = sorted({run["date"] for methods in document["results"].values() for seeds in methods.values()
@@ -636,7 +663,8 @@ def study_body(document, parts, plot_path, claim_lines, heading="##"):
         f"![study]({plot_path})",
         "",
         "**The papers' claims at this scale.**",
-        *claim_lines,
+        drift_line(parts),
+        *(claim.line for claim in found),
         "",
         "**Early learning** (before every method saturates).",
         *early_learning(parts),
@@ -732,9 +760,9 @@ def forward_section(forward):
     return lines
 
 
-def summary(cost, parts, claim_lines):
-    """The headline numbers of the sections (``parts``: the analysed study and ``claim_lines`` its claims, None if
-    not run)."""
+def summary(cost, parts, found):
+    """The headline numbers of the sections (``parts``: the analysed study and ``found`` its claims, None if not
+    run)."""
     base = cost["points"][0]
     smallest = min(cost["points"][1:], key=lambda p: (p["kept_rollouts"], p["k"]))
     lines = [
@@ -759,10 +787,9 @@ def summary(cost, parts, claim_lines):
             + "."
         )
     if parts:
-        verdicts = [CLAIM.match(line) for line in claim_lines]
         lines.append(
             "- The papers' claims at this scale (section 2): "
-            + "; ".join(f"{v.group(1)}: {v.group(2)}" for v in verdicts if v)
+            + "; ".join(f"{claim.label}: {claim.verdict}" for claim in found)
             + "."
         )
     shares = [p["select_time_s"] / p["timing/step_total"] for p in cost["points"][1:]]
@@ -780,9 +807,9 @@ def study_section(results):
     document = json.loads(path.read_text())
     parts = study_analysis(document)
     plot_study(parts, results / "learning_study.png")
-    claim_lines = claims(parts, document["eval_every"])
-    lines = [heading, "", *study_body(document, parts, "results/learning_study.png", claim_lines, heading="###")]
-    return lines, parts, claim_lines
+    found = claims(parts, document["eval_every"])
+    lines = [heading, "", *study_body(document, parts, "results/learning_study.png", found, heading="###")]
+    return lines, parts, found
 
 
 def main(argv=None):
@@ -801,7 +828,7 @@ def main(argv=None):
     selection = json.loads((results / "selection.json").read_text())
     cost = json.loads((results / "step_cost.json").read_text())
     plot_step_cost(cost["points"], results / "step_cost.png")
-    study, parts, claim_lines = study_section(results)
+    study, parts, found = study_section(results)
     document = [
         "# Benchmarks: what D3S costs and saves",
         "",
@@ -809,7 +836,7 @@ def main(argv=None):
         "cores). Each section names its own command, machine and date. CPU only: no GPU was available for these "
         "measurements.",
         "",
-        *summary(cost, parts, claim_lines),
+        *summary(cost, parts, found),
         "",
         *step_cost_section(cost),
         "",

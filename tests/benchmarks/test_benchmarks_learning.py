@@ -174,7 +174,9 @@ def synthetic_study(d3s_curve=(0.62, 0.63)):
 
 
 def claim_lines(document):
-    return report.claims(report.study_analysis(document), document["eval_every"])
+    """The study's claims as RESULTS.md prints them: the machine's drift, then one line per claim."""
+    parts = report.study_analysis(document)
+    return [report.drift_line(parts), *(claim.line for claim in report.claims(parts, document["eval_every"]))]
 
 
 def test_claims_follow_from_the_numbers():
