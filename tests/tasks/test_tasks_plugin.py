@@ -41,7 +41,8 @@ def test_load_by_import_path_and_by_file(tmp_path):
 
 
 def test_files_of_the_same_name_in_two_directories_are_two_tasks(tmp_path):
-    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    for directory in ("a", "b"):
+        (tmp_path / directory).mkdir()
     first = tasks.load_task(str(write_module(tmp_path / "a", "task")))
     second = tasks.load_task(str(write_module(tmp_path / "b", "task", REVERSE_TASK.replace("response == answer", "True"))))
     assert first.reward("x", "y") == 0.0 and second.reward("x", "y") == 1.0
