@@ -31,12 +31,11 @@ each checkpoint and the final model are evaluated on the held-out split: greedy 
 and the policy's mean per-token entropy over its sampled responses. ``benchmarks/report.py --study`` turns
 ``learning_study.json`` into tables, tests and plots.
 
-Cost on 2 CPU cores (AMD EPYC, fp32, 2026-11-24), at the defaults (3 seeds x 100 steps): the SFT 4.4 minutes, the
-``pods`` part 43 minutes, the ``d3s`` part 76, in all 124 (the machine's speed varied by up to 51% between seeds;
-seed 0 of both parts took 38 minutes). Of that, the RL steps are 81 minutes (steps of 0.95 s for GRPO at n = 4 to
-1.9 s for GRPO at G = 16, 58% of it generating) and the held-out evaluations 4.3; the rest of a run (starting Ray,
-the actors and the vLLM engine, checkpoints, shutdown) took 69 s then and 43 s since the runtime sets
-``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (one 45-step run), so the defaults need at least 105 minutes here.
+Cost on 2 CPU cores (AMD EPYC, fp32, 2026-11-25), at the defaults (3 seeds x 100 steps): the SFT 3.7 minutes, the
+``pods`` part 24 minutes, the ``d3s`` part 44, in all 72. A run spends about 43 s outside its steps (starting Ray,
+the actors and the vLLM engine, checkpoints, shutdown), then steps of 0.49 s (GRPO at n = 4) to 1.19 s (GRPO at
+G = 16), about half of it generating; held-out evaluations take seconds. (The first run, on 2026-11-24, took 124
+minutes: before the runtime set ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, and on a slower machine.)
 
 ``--quick`` smoke-tests the whole chain (a 1-epoch SFT on 64 examples, every method for 1 seed x 3 steps, the
 evaluations, the report) in a few minutes. Every invocation ends with ``report.py --study`` on the results so far
@@ -189,7 +188,8 @@ def main(argv=None):
     options = parser.parse_args(argv)
     out = os.path.abspath(options.out)
     workdir = os.path.abspath(options.workdir or os.path.join(out, "learning_runs"))
-    os.makedirs(workdir, exist_ok=True)
+    for directory in (out, workdir):  # out too when the runs go elsewhere: each result is saved as its run ends
+        os.makedirs(directory, exist_ok=True)
     overrides = {}
     if options.quick:
         overrides = dict(n_sft=64, n_prompts=3 * options.prompts, n_heldout=16, sft_epochs=1)

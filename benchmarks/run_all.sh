@@ -3,8 +3,7 @@
 # (benchmarks/results/learning_study.{json,md,png}, section 2 of RESULTS.md). Run from anywhere; builds .venv
 # first if needed. Leave the machine otherwise idle: the figures are wall times. Parts run alone, on 2 CPU cores:
 #   step cost + selection + memory + forward: about 35 minutes (bench_forward.py: 10);
-#   the study (bench_learning.py): 124 minutes measured on 2026-11-24 (SFT 4, --parts pods 43, --parts d3s 76;
-#   at least 105 with the runtime of now: 81 of them are the RL steps themselves);
+#   the study (bench_learning.py): 72 minutes measured on 2026-11-25 (SFT 4, --parts pods 24, --parts d3s 44);
 #   report.py: seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."

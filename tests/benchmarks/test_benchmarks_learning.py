@@ -81,14 +81,15 @@ def test_study_methods_generate_and_train_as_published():
 
 @pytest.mark.e2e
 def test_study_chain_on_a_task_module_outside_the_repo(task_file, tmp_path):
-    out = tmp_path / "results"
+    out, runs = tmp_path / "results", tmp_path / "runs"  # out does not exist yet and the runs go elsewhere
     path = bench_learning.main(
-        ["--task", task_file, "--out", str(out), "--parts", "pods", "--methods", "PODS", "--seeds", "0",
-         "--steps", "2", "--eval-every", "1", "--eval-samples", "2", "--prompts", "8"]
+        ["--task", task_file, "--out", str(out), "--workdir", str(runs), "--parts", "pods", "--methods", "PODS",
+         "--seeds", "0", "--steps", "2", "--eval-every", "1", "--eval-samples", "2", "--prompts", "8"]
     )  # fmt: skip
+    assert Path(path) == out / "learning_study.json"
     document = json.loads(Path(path).read_text())
     # float32 by default: the launcher's switch reached the run, and the vLLM engine generated in float32
-    log = (out / "learning_runs" / "pods-PODS-seed0.log").read_text()
+    log = (runs / "pods-PODS-seed0.log").read_text()
     assert document["precision"] == "fp32" and "float32 for every model" in log and "dtype=torch.float32" in log
     # the runtime's VLLM_ENABLE_V1_MULTIPROCESSING=0: vLLM's executor ran inside its engine-core process
     assert "(EngineCore pid=" in log and "(Worker pid=" not in log
