@@ -535,13 +535,14 @@ def claims(parts, eval_every):
             "from the schedule's N and K and the zero-variance groups, not from learning."
         ))  # fmt: skip
         test = welch_t_test(d3s["grad_mean"], grpo["grad_mean"])
-        ratio = np.mean(d3s["grad_mean"]) / np.mean(grpo["grad_mean"])
+        baseline = np.mean(grpo["grad_mean"])  # 0 when every GRPO group had equal rewards
+        ratio = f"{np.mean(d3s['grad_mean']) / baseline:.2f}x" if baseline > 0 else "no ratio: GRPO's norm is 0"
         found.append(Claim(
             'D3S, "a higher gradient norm"',
             _order_verdict([test]),
             f". Mean actor gradient norm over the run {mean_std(d3s['grad_mean'], '{:.2f}')} against GRPO's "
             f"{mean_std(grpo['grad_mean'], '{:.2f}')} "
-            f"({ratio:.2f}x, Welch p = {_p(test)}; OpenRLHF logs the norm of a step's last optimizer step)."
+            f"({ratio}, Welch p = {_p(test)}; OpenRLHF logs the norm of a step's last optimizer step)."
         ))  # fmt: skip
     if {"D1S", "D2S", "D3S"} <= set(info):
         tests = [welch_t_test(info[m]["drop"], info["D3S"]["drop"]) for m in ("D1S", "D2S")]
@@ -610,11 +611,14 @@ def study_body(document, parts, plot_path, found, heading="##"):
     dates = sorted({run["date"] for methods in document["results"].values() for seeds in methods.values()
                     for run in seeds.values()})  # fmt: skip
     config = document["task_config"]
+    quick = document.get("quick", False)
     lines = [
-        f"Command: `.venv/bin/python benchmarks/bench_learning.py --task {document['task']} --precision "
-        f"{document.get('precision', 'bf16')}` (methods and flags in its docstring) · machine: {document['machine']} "
-        f"· {' to '.join(dict.fromkeys([dates[0], dates[-1]]))}.",
+        f"Command: `.venv/bin/python benchmarks/bench_learning.py{' --quick' if quick else ''} --task "
+        f"{document['task']} --precision {document.get('precision', 'bf16')}` (methods and flags in its docstring) "
+        f"· machine: {document['machine']} · {' to '.join(dict.fromkeys([dates[0], dates[-1]]))}.",
         "",
+        *(["A `--quick` smoke test: it checks that the chain runs; its numbers and verdicts say nothing of the "
+           "claims.", ""] if quick else []),
         f"Task `{document['task']}`; SFT warm start on {config['n_sft']} examples x {config['sft_epochs']} epochs "
         f"(held-out greedy {document['sft_heldout']['greedy']:.3f}, sampled {document['sft_heldout']['sampled']:.3f}"
         + ("" if document.get("sft_seconds") is None else f"; {document['sft_seconds'] / 60:.1f} min")

@@ -79,6 +79,19 @@ def test_study_methods_generate_and_train_as_published():
     assert mean(d2s, "--d3s.k_init", "--d3s.k_final") == mean(d3s, "--d3s.k_init", "--d3s.k_final")
 
 
+def test_quick_results_do_not_mix_with_a_study(task_file, tmp_path):
+    out, runs = tmp_path / "results", tmp_path / "runs"
+    out.mkdir()
+    (out / "learning_study.json").write_text(json.dumps({"task": task_file, "precision": "fp32", "quick": True}))
+    with pytest.raises(SystemExit, match="holds results of quick True; give another --out"):
+        bench_learning.main(["--task", task_file, "--out", str(out), "--workdir", str(runs), "--steps", "2"])
+    assert not list(runs.glob("task-*"))  # refused before the SFT warm start
+    # results from before the study recorded --quick are a full study's
+    (out / "learning_study.json").write_text(json.dumps({"task": task_file, "precision": "fp32"}))
+    with pytest.raises(SystemExit, match="holds results of quick False"):
+        bench_learning.main(["--task", task_file, "--out", str(out), "--workdir", str(runs), "--quick"])
+
+
 @pytest.mark.e2e
 def test_study_chain_on_a_task_module_outside_the_repo(task_file, tmp_path):
     out, runs = tmp_path / "results", tmp_path / "runs"  # out does not exist yet and the runs go elsewhere
@@ -233,6 +246,27 @@ def test_results_page_has_the_study_as_section_2(tmp_path):
     # early learning: at step 2 the pods part's GRPO (0.40) is below PODS (0.62) and PODS-random (0.50) only
     assert "- Part `pods`, first evaluation (step 2): GRPO 0.400, PODS 0.620" in text and "(2 of 3 above GRPO)" in text
     assert (results / "learning_study.png").exists()
+
+
+def test_a_baseline_without_gradient_has_no_norm_ratio():
+    # every GRPO group had equal rewards (a --quick run from a poor warm start): its gradient norm is 0
+    document = synthetic_study()
+    for run in document["results"]["d3s"]["GRPO"].values():
+        for step in run["steps"]:
+            step["actor_grad_norm"] = 0.0
+    line = next(line for line in claim_lines(document) if '"a higher gradient norm"' in line)
+    assert "nan" not in line and "against GRPO's 0.00 ± 0.00 (no ratio: GRPO's norm is 0, Welch p = " in line, line
+
+
+def test_a_quick_study_says_it_is_a_smoke_test(tmp_path):
+    path = tmp_path / "learning_study.json"
+    path.write_text(json.dumps({**synthetic_study(), "quick": True}))
+    text = Path(report.study_main(str(path), str(tmp_path / "study.md"))).read_text()
+    assert "`.venv/bin/python benchmarks/bench_learning.py --quick --task synthetic --precision fp32`" in text
+    assert "A `--quick` smoke test" in text
+    path.write_text(json.dumps(synthetic_study()))
+    text = Path(report.study_main(str(path), str(tmp_path / "study.md"))).read_text()
+    assert "--quick" not in text
 
 
 def test_a_wall_time_ratio_within_the_machines_drift_is_not_resolved():
