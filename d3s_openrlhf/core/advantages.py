@@ -22,39 +22,66 @@ over c - 1. Our rules where the formulas are undefined (documented choices):
 
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping, Optional
 
 import torch
 
-ADVANTAGE_ESTIMATORS = ("group_norm", "dr_grpo", "rloo", "reinforce_baseline")
+
+@dataclass(frozen=True)
+class Estimator:
+    """A group-relative estimator: its baseline (the group mean, or leave-one-out) and whether the centred reward
+    is divided by the group's std."""
+
+    leave_one_out: bool = False
+    std_scaled: bool = False
+
+    @property
+    def needs_two(self) -> bool:
+        """Undefined on a single member (division by G - 1): such a group gets advantage 0."""
+        return self.leave_one_out or self.std_scaled
+
+
+ESTIMATORS: Mapping[str, Estimator] = MappingProxyType(
+    {
+        "group_norm": Estimator(std_scaled=True),
+        "dr_grpo": Estimator(),
+        "rloo": Estimator(leave_one_out=True),
+        "reinforce_baseline": Estimator(),
+    }
+)
+ADVANTAGE_ESTIMATORS = tuple(ESTIMATORS)
 
 _GROUP_NORM_EPS = 1e-9
 
 
-def _full_group(rewards: torch.Tensor, estimator: str) -> torch.Tensor:
+def _full_group(rewards: torch.Tensor, estimator: Estimator) -> torch.Tensor:
     group_size = rewards.shape[-1]
-    if group_size == 1 and estimator in ("group_norm", "rloo"):
+    if group_size == 1 and estimator.needs_two:
         return torch.zeros_like(rewards)
-    if estimator == "rloo":
+    if estimator.leave_one_out:
         baseline = (rewards.sum(-1, keepdim=True) - rewards) / (group_size - 1)
-        return rewards - baseline
-    if estimator in ("reinforce_baseline", "dr_grpo"):
-        return rewards - rewards.mean(-1, keepdim=True)
-    return (rewards - rewards.mean(-1, keepdim=True)) / (rewards.std(-1, keepdim=True) + _GROUP_NORM_EPS)
+    else:
+        baseline = rewards.mean(-1, keepdim=True)
+    centred = rewards - baseline
+    if estimator.std_scaled:
+        return centred / (rewards.std(-1, keepdim=True) + _GROUP_NORM_EPS)
+    return centred
 
 
-def _kept_subset(rewards: torch.Tensor, estimator: str, kept: torch.Tensor) -> torch.Tensor:
+def _kept_subset(rewards: torch.Tensor, estimator: Estimator, kept: torch.Tensor) -> torch.Tensor:
     zero = torch.zeros((), dtype=rewards.dtype, device=rewards.device)
     kept_rewards = torch.where(kept, rewards, zero)
     count = kept.sum(-1, keepdim=True).to(rewards.dtype)
     total = kept_rewards.sum(-1, keepdim=True)
     has_baseline = kept & (count >= 2)
-    if estimator == "rloo":
+    if estimator.leave_one_out:
         baseline = (total - kept_rewards) / (count - 1).clamp(min=1)
     else:
         baseline = total / count.clamp(min=1)
     centred = kept_rewards - baseline
-    if estimator == "group_norm":
+    if estimator.std_scaled:
         squares = torch.where(kept, centred, zero).pow(2).sum(-1, keepdim=True)
         std = (squares / (count - 1).clamp(min=1)).sqrt()
         centred = centred / (std + _GROUP_NORM_EPS)
@@ -72,8 +99,8 @@ def group_advantages(
         kept: optional bool (B, G) tensor; when given, statistics use only the kept members of each row and the
             entries that are not kept are 0.
     """
-    if estimator not in ADVANTAGE_ESTIMATORS:
-        raise ValueError(f"estimator must be one of {', '.join(ADVANTAGE_ESTIMATORS)}, got {estimator!r}")
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"estimator must be one of {', '.join(ESTIMATORS)}, got {estimator!r}")
     if not isinstance(rewards, torch.Tensor) or rewards.dim() != 2:
         raise ValueError("rewards must be a 2-D tensor of shape (B, G)")
     if rewards.shape[1] < 1:
@@ -82,9 +109,9 @@ def group_advantages(
     # summation order, and so the bits, the same.
     rewards = rewards.to(torch.promote_types(rewards.dtype, torch.float32)).contiguous()
     if kept is None:
-        return _full_group(rewards, estimator)
+        return _full_group(rewards, ESTIMATORS[estimator])
     if not isinstance(kept, torch.Tensor) or kept.dtype != torch.bool:
         raise ValueError("kept must be a bool tensor")
     if kept.shape != rewards.shape:
         raise ValueError(f"kept has shape {tuple(kept.shape)} but rewards have shape {tuple(rewards.shape)}")
-    return _kept_subset(rewards, estimator, kept.to(rewards.device))
+    return _kept_subset(rewards, ESTIMATORS[estimator], kept.to(rewards.device))

@@ -23,10 +23,10 @@ from types import MappingProxyType
 from typing import Any, Dict, Mapping, Optional
 
 from d3s_openrlhf.core.schedule import SCHEDULE_KINDS, DownSamplingSchedule
+from d3s_openrlhf.core.selection import SAMPLE_SCOPES, SELECTION_RULES
 from d3s_openrlhf.core.token_mask import TOKEN_SCOPES
 
-SAMPLE_SCOPES = ("intra", "cross")
-SAMPLE_RULES = ("max_var", "max_reward", "random", "none")
+SAMPLE_RULES = (*SELECTION_RULES, "none")
 ADVANTAGE_MODES = ("group", "subset")
 
 FLAG_PREFIX = "d3s."
@@ -242,9 +242,7 @@ class D3SConfig:
     @property
     def tokens_enabled(self) -> bool:
         """Whether token selection runs at some point of the schedule (K < 1 somewhere)."""
-        if self.schedule == "constant":
-            return self.k_init < 1.0
-        return min(self.k_init, self.k_final) < 1.0
+        return self._range.min_k < 1.0
 
     @property
     def enabled(self) -> bool:
@@ -254,9 +252,22 @@ class D3SConfig:
     @property
     def max_n(self) -> int:
         """The largest N (rollouts kept per prompt) along the schedule; G must be at least this."""
-        if self.schedule == "constant":
-            return self.n_init
-        return max(self.n_init, self.n_final)
+        return self._range.max_n
+
+    @property
+    def n_values(self) -> range:
+        """Every N the schedule can return, whatever the run's length."""
+        return self._range.n_values
+
+    @property
+    def schedule_moves(self) -> bool:
+        """Whether (N, K) change during the run."""
+        return self._range.moves
+
+    @property
+    def _range(self) -> DownSamplingSchedule:
+        # the values a schedule can take do not depend on its horizon: any horizon answers for all of them
+        return self.schedule_for(1)
 
     def schedule_for(self, total_steps: int) -> DownSamplingSchedule:
         """The (N, K) schedule of a run of ``total_steps`` rollout steps (``schedule_steps`` wins if > 0)."""

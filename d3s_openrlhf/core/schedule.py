@@ -107,11 +107,23 @@ class DownSamplingSchedule:
         return n, k
 
     @property
+    def moves(self) -> bool:
+        """Whether (N, K) change over the run (a constant schedule, or equal ends, does not)."""
+        if self.kind == "constant":
+            return False
+        return self.n_init != self.n_final or self.k_init != self.k_final
+
+    @property
+    def n_values(self) -> range:
+        """Every N the schedule can return, whatever ``total_steps`` (N moves monotonically from init to final)."""
+        if self.kind == "constant":
+            return range(self.n_init, self.n_init + 1)
+        return range(min(self.n_init, self.n_final), max(self.n_init, self.n_final) + 1)
+
+    @property
     def max_n(self) -> int:
         """The largest N the schedule ever returns (the group size G must be at least this)."""
-        if self.kind == "constant":
-            return self.n_init
-        return max(self.n_init, self.n_final)
+        return self.n_values[-1]
 
     @property
     def min_k(self) -> float:

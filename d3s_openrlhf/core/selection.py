@@ -48,12 +48,14 @@ from __future__ import annotations
 import contextlib
 import math
 import operator
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Callable, Mapping, Union
 
 import numpy as np
 import torch
 
-_SCOPES = ("intra", "cross")
-_RULES = ("max_var", "max_reward", "random")
+SAMPLE_SCOPES = ("intra", "cross")
 
 # A step between neighbouring splits that changes the score by at most this fraction of m * span^2 (span: the
 # row's range; m^2 * span^2 / 4 bounds every score) leaves them tied. It is far above the float64 rounding of a
@@ -69,10 +71,10 @@ def _validate(values: torch.Tensor, keep, scope: str, rule: str) -> int:
         raise ValueError(f"values must be 2-D (B prompts, G rollouts), non-empty, got shape {tuple(values.shape)}")
     if not values.is_floating_point():
         raise ValueError(f"values must be a floating-point tensor, got dtype {values.dtype}")
-    if scope not in _SCOPES:
-        raise ValueError(f"scope must be one of {_SCOPES}, got {scope!r}")
-    if rule not in _RULES:
-        raise ValueError(f"rule must be one of {_RULES}, got {rule!r}")
+    if scope not in SAMPLE_SCOPES:
+        raise ValueError(f"scope must be one of {SAMPLE_SCOPES}, got {scope!r}")
+    if rule not in SELECTION_RULES:
+        raise ValueError(f"rule must be one of {tuple(SELECTION_RULES)}, got {rule!r}")
     if isinstance(keep, bool):
         raise TypeError("keep must be an int, got bool")
     keep = operator.index(keep)
@@ -196,8 +198,46 @@ def _max_var_split(ends: torch.Tensor, m: int, generator, use_numpy: bool | None
     return torch.as_tensor(split, device=ends.device)
 
 
+@dataclass(frozen=True)
+class SelectionRule:
+    """What a rule keeps of a row: with the row in ascending order (of its values, or of a uniformly random order
+    when ``shuffled``), the ``split`` first and the ``keep - split`` last.
+
+    ``split(ends, keep, generator, use_numpy)`` returns an int or an (R,) tensor; ``ends()`` gives the rows'
+    ``keep`` smallest and ``keep`` largest values, ascending (the whole row when 2 * keep >= n), only for the
+    rules that need them.
+    """
+
+    shuffled: bool
+    split: Callable[..., Union[int, torch.Tensor]]
+
+
+def _split_max_var(ends, keep, generator, use_numpy):
+    return _max_var_split(ends(), keep, generator, use_numpy)
+
+
+def _split_max_reward(ends, keep, generator, use_numpy):
+    return 0  # the keep largest
+
+
+def _split_random(ends, keep, generator, use_numpy):
+    return keep  # the keep first of a uniformly random order
+
+
+SELECTION_RULES: Mapping[str, SelectionRule] = MappingProxyType(
+    {
+        "max_var": SelectionRule(shuffled=False, split=_split_max_var),
+        "max_reward": SelectionRule(shuffled=False, split=_split_max_reward),
+        "random": SelectionRule(shuffled=True, split=_split_random),
+    }
+)
+"""The sample-level rules: max_var (PODS max-variance, D3S sample level), and PODS's ablation rules max_reward and
+random."""
+
+
 def _select_extremes(x: torch.Tensor, keep: int, rule: str, generator, use_numpy: bool) -> torch.Tensor:
-    """Cross scope, max_var and max_reward, on x (n,): the kept flat indices, ascending.
+    """Cross scope, a rule that ranks the values themselves (max_var, max_reward), on x (n,): the kept flat
+    indices, ascending.
 
     The kept set is the ``split`` smallest and the ``keep - split`` largest values (split = 0 for max_reward),
     so only the sorted values are needed, not the sorting permutation: every value beyond the two boundary
@@ -216,11 +256,11 @@ def _select_extremes(x: torch.Tensor, keep: int, rule: str, generator, use_numpy
         xs = x.sort().values
         flatnonzero, count = (lambda a: a.nonzero().squeeze(1)), (lambda a: int(a.sum()))
         as_index = lambda index: index.to(device)  # noqa: E731
-    split = 0
-    if rule == "max_var":
+    def ends():
         # only the keep smallest and the keep largest can be part of a candidate
-        ends = xs if 2 * keep >= n else torch.cat([xs[:keep], xs[n - keep :]])
-        split = int(_max_var_split(ends.unsqueeze(0), keep, generator, use_numpy))
+        return (xs if 2 * keep >= n else torch.cat([xs[:keep], xs[n - keep :]])).unsqueeze(0)
+
+    split = int(SELECTION_RULES[rule].split(ends, keep, generator, use_numpy))
     high = keep - split
     low_value = xs[split - 1].item() if split else -math.inf
     high_value = xs[n - high].item() if high else math.inf
@@ -241,22 +281,25 @@ def _select_extremes(x: torch.Tensor, keep: int, rule: str, generator, use_numpy
 def _select(values: torch.Tensor, keep: int, scope: str, rule: str, generator) -> torch.Tensor:
     """select_rollouts after validation."""
     x = values.detach()
-    if scope == "cross" and rule != "random":
+    selection_rule = SELECTION_RULES[rule]
+    if scope == "cross" and not selection_rule.shuffled:
         return _select_extremes(x.reshape(-1), keep, rule, generator, use_numpy=x.device.type == "cpu")
     if scope == "cross":
         x = x.reshape(1, -1)
     rows, n = x.shape
     # A uniformly random order of each row is the ascending order of all-equal values.
-    order = _ascending_order(x.new_zeros(x.shape, dtype=torch.float32) if rule == "random" else x, generator)
-    ranks = torch.arange(keep, device=x.device).unsqueeze(0)  # (1, keep): which sorted positions to keep
-    if rule == "max_reward":
-        ranks = ranks + (n - keep)
-    elif rule == "max_var":
+    order = _ascending_order(x.new_zeros(x.shape, dtype=torch.float32) if selection_rule.shuffled else x, generator)
+
+    def ends():
         # only the keep smallest and the keep largest of a row can be part of a candidate
-        ends = order if 2 * keep >= n else torch.cat([order[:, :keep], order[:, n - keep :]], dim=1)
-        ends = x.reshape(-1).index_select(0, ends.reshape(-1)).view(rows, -1)
-        split = _max_var_split(ends, keep, generator).unsqueeze(1)  # (R, 1)
-        ranks = ranks + (ranks >= split) * (n - keep)  # the split smallest and the keep - split largest
+        positions = order if 2 * keep >= n else torch.cat([order[:, :keep], order[:, n - keep :]], dim=1)
+        return x.reshape(-1).index_select(0, positions.reshape(-1)).view(rows, -1)
+
+    split = selection_rule.split(ends, keep, generator, None)
+    if isinstance(split, torch.Tensor):
+        split = split.unsqueeze(1)  # (R, 1)
+    ranks = torch.arange(keep, device=x.device).unsqueeze(0)  # (1, keep): which sorted positions to keep
+    ranks = ranks + (ranks >= split) * (n - keep)  # the split smallest and the keep - split largest
     kept = order.gather(1, ranks.expand(rows, keep))  # (R, keep) flat indices, row r's in [r*n, (r+1)*n)
     if rows > 1:  # sorting each row sorts the whole
         return kept.sort(dim=1).values.reshape(-1).long()
@@ -300,28 +343,20 @@ def select_rollouts(
     return kept.clone()
 
 
-@torch.no_grad()
-def selection_stats(values: torch.Tensor, indices: torch.Tensor) -> dict[str, float]:
-    """Summary of a selection for logging.
+_MASK32, _MASK64 = (1 << 32) - 1, (1 << 64) - 1
 
-    Args:
-        values: (B, G) tensor given to :func:`select_rollouts`.
-        indices: 1-D flat indices into ``values.reshape(-1)`` (its result), at least one.
 
-    Returns:
-        ``var_all`` / ``var_kept``: population variance of all B*G values / of the kept ones (pooled over
-        prompts); ``prompt_coverage``: fraction of the B prompts with at least one kept rollout.
+def step_generator(seed: int, step: int) -> torch.Generator:
+    """The generator of one step's random choices: a pure function of (seed, step), so resumes replay them.
+
+    torch's CPU generator (mt19937) keeps only the low 32 bits of its seed, so (seed, step) are mixed by SplitMix64's
+    finaliser and folded to 32 bits: a different seed or step gives different draws (packing seed << 32 | step
+    made every seed draw alike).
     """
-    if values.dim() != 2:
-        raise ValueError(f"values must be 2-D (B prompts, G rollouts), got shape {tuple(values.shape)}")
-    if indices.dim() != 1 or indices.numel() == 0:
-        raise ValueError(f"indices must be a non-empty 1-D tensor, got shape {tuple(indices.shape)}")
-    flat = values.detach().reshape(-1).to(torch.float64)
-    kept = flat[indices]
-    covered = torch.zeros(values.shape[0], dtype=torch.bool, device=values.device)
-    covered[indices // values.shape[1]] = True
-    return {
-        "var_all": flat.var(unbiased=False).item(),
-        "var_kept": kept.var(unbiased=False).item(),
-        "prompt_coverage": covered.double().mean().item(),
-    }
+    x = ((((int(seed) & _MASK32) << 32) | (int(step) & _MASK32)) + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    x ^= x >> 31
+    generator = torch.Generator()
+    generator.manual_seed((x ^ (x >> 32)) & _MASK32)
+    return generator

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numbers
 from fractions import Fraction
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 
@@ -121,8 +121,12 @@ def _sequence_mask(scores: torch.Tensor, mask: torch.Tensor, fraction: float) ->
     return torch.zeros_like(mask).scatter(1, order, kept_in_sorted_order)
 
 
-def token_mask_metrics(keep: torch.Tensor, action_mask: torch.Tensor, entropy: torch.Tensor) -> Dict[str, float]:
-    """Summary numbers for logging a token mask: counts, kept fraction, mean entropy of all vs kept tokens.
+def token_mask_metrics(
+    keep: torch.Tensor, action_mask: torch.Tensor, entropy: torch.Tensor, advantages: Optional[torch.Tensor] = None
+) -> Dict[str, float]:
+    """Summary numbers for logging a token mask: counts, kept fraction, mean entropy of all vs kept tokens, and
+    with ``advantages`` (the ones the mask was chosen from) ``scored_tokens``, the candidates whose score
+    |A| * H is > 0 (at most these can be kept).
 
     Means over an empty set are reported as 0.0.
     """
@@ -136,10 +140,13 @@ def token_mask_metrics(keep: torch.Tensor, action_mask: torch.Tensor, entropy: t
     entropy = entropy.float()
     valid_tokens = int(valid.sum())
     kept_tokens = int(kept.sum())
-    return {
+    metrics = {
         "valid_tokens": float(valid_tokens),
         "kept_tokens": float(kept_tokens),
         "kept_fraction": kept_tokens / valid_tokens if valid_tokens else 0.0,
         "entropy_mean_all": float(entropy[valid].sum()) / valid_tokens if valid_tokens else 0.0,
         "entropy_mean_kept": float(entropy[kept].sum()) / kept_tokens if kept_tokens else 0.0,
     }
+    if advantages is not None:
+        metrics["scored_tokens"] = float(((_token_scores(advantages, entropy) > 0) & valid).sum())
+    return metrics

@@ -14,14 +14,12 @@ derived values (``--train.dynamic_batch_enable`` forces ``--ds.packing_samples``
 would start Ray. Its assertions thus also fail here, before Ray, instead of after.
 """
 
-import contextlib
-import io
-import runpy
 import sys
 from dataclasses import dataclass
 from typing import List, Sequence, Tuple
 
-UPSTREAM_MODULE = "openrlhf.cli.train_ppo_ray"
+from d3s_openrlhf.integration import host
+
 PREFIX = "[d3s cpu]"
 
 # attention implementations the CPU path runs: transformers' own, and flash-attention 2 on the stand-in kernels
@@ -45,46 +43,6 @@ class Change:
     def describe(self) -> str:
         edit = f"dropped {self.flag}" if self.value is None else f"set {self.flag} {self.value}"
         return f"{edit}: {self.reason}"
-
-
-class _ReachedTrain(Exception):
-    pass
-
-
-def upstream_train_args(host_argv: Sequence[str]):
-    """The (hierarchized) args upstream's ``__main__`` hands to ``train()`` for ``host_argv``, without Ray.
-
-    Raises ValueError with upstream's message when one of its checks fails; argparse errors exit as usual.
-    """
-    import openrlhf.utils.config as host_config
-    import ray
-
-    from d3s_openrlhf.integration.seams import swapped_globals
-
-    captured = {}
-    hierarchize = host_config.hierarchize
-
-    def capture(args):
-        captured["args"] = hierarchize(args)
-        return captured["args"]
-
-    def stop():  # the first thing upstream's train() does
-        raise _ReachedTrain
-
-    saved_argv = sys.argv
-    sys.argv = [UPSTREAM_MODULE, *host_argv]
-    try:
-        with swapped_globals(host_config, hierarchize=capture), swapped_globals(
-            ray, is_initialized=stop
-        ), contextlib.redirect_stdout(io.StringIO()):
-            runpy.run_module(UPSTREAM_MODULE, run_name="__main__")
-    except _ReachedTrain:
-        return captured["args"]
-    except (AssertionError, TypeError, ValueError) as exc:
-        raise ValueError(f"OpenRLHF's train_ppo_ray rejects these flags: {exc}") from exc
-    finally:
-        sys.argv = saved_argv
-    raise RuntimeError(f"{UPSTREAM_MODULE} returned without calling train()")
 
 
 def _vllm_can_sleep():
@@ -112,7 +70,7 @@ def review(args, num_gpus=8) -> Tuple[List[str], List[Change]]:
 
     problems, changes = [], []
     ds, vllm, train = args.ds, args.vllm, args.train
-    actor_gpus = args.actor.num_nodes * args.actor.num_gpus_per_node
+    actor_gpus = host.group_gpus(args, "actor")
 
     # ── changes: same computation, CPU transport / memory handling ──
     if vllm.sync_with_ray:
@@ -199,19 +157,13 @@ def review(args, num_gpus=8) -> Tuple[List[str], List[Change]]:
 
 
 def _host_argv(argv, d3s_flags):
-    if not d3s_flags:
-        return list(argv)
-    from d3s_openrlhf.cli.train_ppo_ray import split_d3s_flags
-
-    return split_d3s_flags(argv)[1]
+    return host.split_d3s_flags(argv)[1] if d3s_flags else list(argv)
 
 
 def _engines_problem(host_argv):
     """The refusal for a command without vLLM engines, or None. Checked on the flags as given: upstream's
     ``__main__`` compares ``--vllm.num_engines`` (default None) with 0 under packing and fails with a TypeError."""
-    from d3s_openrlhf.cli.train_ppo_ray import parse_host_args
-
-    engines = parse_host_args(host_argv).vllm.num_engines
+    engines = host.parse_host_args(host_argv).vllm.num_engines
     if engines is not None and engines > 0:
         return None
     return (
@@ -232,7 +184,7 @@ def prepare(argv: Sequence[str], d3s_flags: bool = False, num_gpus=8, file=None)
     engines_problem = _engines_problem(host_argv)
     # without engines, upstream's other checks are still run, as with one engine
     problems, changes = review(
-        upstream_train_args(host_argv if engines_problem is None else [*host_argv, "--vllm.num_engines", "1"]),
+        host.upstream_train_args(host_argv if engines_problem is None else [*host_argv, "--vllm.num_engines", "1"]),
         num_gpus,
     )
     if engines_problem is not None:
@@ -243,7 +195,7 @@ def prepare(argv: Sequence[str], d3s_flags: bool = False, num_gpus=8, file=None)
         argv = change.apply(argv)
     if changes:
         # a flag given in an abbreviated form survives the edit: name it instead of running it
-        problems, left = review(upstream_train_args(_host_argv(argv, d3s_flags)), num_gpus)
+        problems, left = review(host.upstream_train_args(_host_argv(argv, d3s_flags)), num_gpus)
         if problems or left:
             raise ValueError(
                 "the CPU runtime cannot run these flags:\n  " + "\n  ".join(problems + [c.describe() for c in left])

@@ -19,6 +19,7 @@ import os
 import socket
 
 from d3s_openrlhf.cpu import patches
+from d3s_openrlhf.integration import host
 
 ENV_FLAG = "D3S_OPENRLHF_CPU"
 SETUP_HOOK = "d3s_openrlhf.cpu.patches.apply"
@@ -61,33 +62,16 @@ def activate_if_requested(**kwargs):
     return True
 
 
-def gpu_demand(args):
-    """{model group: fake GPUs} that ``openrlhf.cli.train_ppo_ray`` reserves for these (hierarchized) args when no
-    groups are colocated; None with a colocation flag (groups then share GPUs). Upstream waits on its placement
-    groups without a timeout, so a demand above the runtime's fake GPUs would hang instead of failing."""
-    if args.train.colocate_all or args.train.colocate_actor_ref or args.train.colocate_critic_reward:
-        return None
-    demand = {"actor": args.actor.num_nodes * args.actor.num_gpus_per_node}
-    if args.algo.kl.init_coef > 0:
-        demand["ref"] = args.ref.num_nodes * args.ref.num_gpus_per_node
-    if args.critic.model_name_or_path:
-        demand["critic"] = args.critic.num_nodes * args.critic.num_gpus_per_node
-    if not args.reward.remote_url:
-        demand["reward"] = args.reward.num_nodes * args.reward.num_gpus_per_node
-    if args.vllm.num_engines:
-        demand["vllm"] = args.vllm.num_engines * args.vllm.tensor_parallel_size
-    return demand
-
-
 def check_gpu_demand(args, num_gpus=DEFAULT_FAKE_GPUS):
     """Raise ``ValueError`` naming the flags when the run would wait forever for GPUs on the local CPU head
     (the one :func:`activate` started, or will start with ``num_gpus``; None, or a cluster given by address:
-    not checked)."""
+    not checked). Upstream waits on its placement groups without a timeout, so a demand above the head's fake
+    GPUs would hang instead of failing."""
     if _state["active"]:
         num_gpus = _state["num_gpus"]
     elif os.environ.get("RAY_ADDRESS"):
         num_gpus = None
-    demand = gpu_demand(args)
+    demand = host.gpu_demand(args)
     if num_gpus is None or demand is None or sum(demand.values()) <= num_gpus:
         return
     parts = ", ".join(f"--{group}.num_nodes x --{group}.num_gpus_per_node = {n}" for group, n in demand.items())

@@ -65,12 +65,9 @@ from openrlhf.utils.loss_utils import (
 
 from d3s_openrlhf.core.entropy import entropy_from_logits
 from d3s_openrlhf.integration.experience_forward import HeadFreeForward, head_free_blocker
-from d3s_openrlhf.integration.experience_maker import config_from_args
+from d3s_openrlhf.integration.host import PG_MASK_KEY, full_logits_requested
 from d3s_openrlhf.integration.kept_forward import kept_forward_blocker, kept_token_forward
 from d3s_openrlhf.integration.seams import swapped_globals
-
-PG_MASK_KEY = "d3s_pg_mask"
-"""``experience.info`` key of the experience maker's per-sample token mask (bool row aligned with action_mask)."""
 
 _PG_NORM_ATTR = "d3s_pg_loss_norm"
 """Attribute that the window iterator sets on each training micro-batch: its window's kept-token normalisers."""
@@ -320,8 +317,7 @@ class D3SActorPPOTrainer(ppo_actor.ActorPPOTrainer):
     def _forward_at_kept_tokens(self, experience, pg_mask: torch.Tensor) -> Iterator[None]:
         """Within the block the actor's forward applies the LM head at the kept tokens only, where the loss allows
         it (``kept_forward.kept_forward_blocker``); otherwise upstream's forward runs unchanged."""
-        config = config_from_args(self.args)
-        full_logits = config is not None and config.full_logits
+        full_logits = full_logits_requested(self.args)
         if kept_forward_blocker(self.args, self.actor, full_logits, self.strategy.ring_attn_group) is not None:
             yield
             return
@@ -416,9 +412,7 @@ def _standing_in(worker, name: str, tap):
 
 
 def _head_free_blocker(strategy, model) -> Optional[str]:
-    config = config_from_args(strategy.args)
-    full_logits = config is not None and config.full_logits
-    return head_free_blocker(model, full_logits, strategy.ring_attn_group)
+    return head_free_blocker(model, full_logits_requested(strategy.args), strategy.ring_attn_group)
 
 
 @ray.remote(num_gpus=1)

@@ -23,25 +23,15 @@ When no rollout is dropped at a step (sample selection off, or N*B rounding up t
 goes through upstream's ``make_experience_batch`` itself (advantages and returns exactly upstream's), plus the
 token mask when K < 1; with K = 1 as well, nothing differs from upstream.
 
-Metrics (``last_metrics``, merged into the trainer's step status): ``d3s/n``, ``d3s/k`` (the schedule point),
-``d3s/kept_rollouts`` and ``d3s/kept_rollout_frac`` (of B*G), ``d3s/candidate_tokens`` (response tokens of the
-kept rollouts, what K applies to), ``d3s/scored_tokens`` (candidate tokens with a non-zero score
-|A|*H: at most these can be kept; steps with K < 1), ``d3s/kept_tokens`` (tokens entering the
-policy-gradient term) and ``d3s/kept_token_frac`` (of the response tokens of all B*G rollouts),
-``d3s/adv_var_all`` / ``d3s/adv_var_kept`` (population variance of the per-rollout scalar advantage over all
-rollouts, full-group estimator, / over the kept ones as trained; group estimators only, before
-reinforce_baseline's token whitening), ``d3s/entropy_all`` / ``d3s/entropy_kept`` (mean old-policy entropy over
-the response tokens of the kept rollouts / over the kept tokens; only at steps with K < 1),
-``d3s/zero_var_groups`` (prompts whose G rewards are all equal) and ``d3s/select_time_s`` (driver time spent on
-selection, advantages and the token mask, forwards excluded).
+Metrics (``last_metrics``, merged into the trainer's step status): the ``d3s/*`` keys of
+``d3s_openrlhf.core.metrics.step_metrics`` and ``d3s/select_time_s`` (driver time spent on selection, advantages
+and the token mask, forwards excluded).
 """
 
 from __future__ import annotations
 
-import math
 import time
-from types import SimpleNamespace
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -52,83 +42,14 @@ from openrlhf.trainer.ppo_utils.length_penalty import apply_length_penalties
 from openrlhf.utils.logging_utils import init_logger
 
 from d3s_openrlhf.core.advantages import ADVANTAGE_ESTIMATORS, group_advantages
-from d3s_openrlhf.core.batching import intra_counts, kept_unit, legal_kept_count
+from d3s_openrlhf.core.batching import intra_counts
 from d3s_openrlhf.core.config import D3SConfig
-from d3s_openrlhf.core.selection import select_rollouts
+from d3s_openrlhf.core.metrics import step_metrics
+from d3s_openrlhf.core.selection import select_rollouts, step_generator
 from d3s_openrlhf.core.token_mask import token_keep_mask, token_mask_metrics
+from d3s_openrlhf.integration.host import PG_MASK_KEY, config_from_args, kept_count_unit, kept_rollout_count
 
 logger = init_logger(__name__)
-
-PG_MASK_KEY = "d3s_pg_mask"
-"""``experience.info`` key of the (S, A) bool mask of the tokens that enter the policy-gradient term."""
-
-
-# ── host-args helpers (also used by the CLI validation) ──
-
-
-def config_from_args(args) -> Optional[D3SConfig]:
-    """The D3SConfig injected by the entrypoint as ``args.d3s`` (a D3SConfig, a dict or a namespace of its
-    fields), or None (D3S off)."""
-    d3s = getattr(args, "d3s", None)
-    if d3s is None or isinstance(d3s, D3SConfig):
-        return d3s
-    return D3SConfig(**(dict(d3s) if isinstance(d3s, Mapping) else vars(d3s)))
-
-
-def config_namespace(config: D3SConfig) -> SimpleNamespace:
-    """The form in which the config travels inside the host args (``args.d3s``)."""
-    return SimpleNamespace(**config.to_dict())
-
-
-def data_parallel_size(args, group: str = "actor") -> int:
-    """Effective number of data-parallel ranks of a model group (``actor``, ``ref``, ``critic``, ``reward``), as
-    OpenRLHF's ``RayActorGroup`` splits forwards over them (ring-attention / tensor-parallel copies share a chunk)."""
-    section = getattr(args, group)
-    return section.num_nodes * section.num_gpus_per_node // args.ds.ring_attn_size // args.ds.tensor_parallel_size
-
-
-def kept_forward_groups(args) -> Dict[str, int]:
-    """{group: effective data-parallel size} of the model groups that run forwards on the kept rollouts: the actor,
-    the reference model (KL coefficient > 0) and the critic (if any). The reward model runs on all rollouts."""
-    groups = {"actor": data_parallel_size(args)}
-    if args.algo.kl.init_coef > 0:
-        groups["ref"] = data_parallel_size(args, "ref")
-    if args.critic.model_name_or_path:
-        groups["critic"] = data_parallel_size(args, "critic")
-    return groups
-
-
-def kept_count_unit(args) -> int:
-    """Every kept-rollout count is a multiple of this (see ``d3s_openrlhf.core.batching``).
-
-    Without dynamic batching the kept rollouts reach every forward group as kept / micro_batch_size micro-batches,
-    which ``RayActorGroup`` splits into equal chunks only when their number is a multiple of the group's effective
-    size (ZeRO-3 forwards are collectives: unequal chunks hang), so the unit counts the ranks of every such group.
-    With dynamic batching upstream plans the micro-batches itself (a multiple of the actor's size).
-    """
-    dynamic = bool(args.train.dynamic_batch_enable)
-    forward_ranks = data_parallel_size(args) if dynamic else math.lcm(*kept_forward_groups(args).values())
-    return kept_unit(args.train.batch_size, args.rollout.micro_batch_size, forward_ranks, dynamic)
-
-
-def kept_rollout_count(n: int, num_prompts: int, group_size: int, unit: int) -> int:
-    """Rollouts kept out of ``num_prompts * group_size`` for N = ``n``: N*B rounded up to a multiple of ``unit``.
-
-    A batch whose size is not a multiple of ``unit`` (only the last, partial batch of an epoch can be, the CLI
-    rejects any other) is kept whole, as upstream would train it.
-    """
-    total = num_prompts * group_size
-    if unit > total or total % unit:
-        return total
-    return legal_kept_count(min(n, group_size) * num_prompts, total, unit)
-
-
-def step_generator(seed: int, step: int) -> torch.Generator:
-    """The generator of one step's random choices: a pure function of (seed, step), so resumes replay them."""
-    generator = torch.Generator()
-    generator.manual_seed(((int(seed) & 0xFFFFFFFF) << 32) | (int(step) & 0xFFFFFFFF))
-    return generator
-
 
 def _pad_columns(tensor: torch.Tensor, width: int) -> torch.Tensor:
     return F.pad(tensor, (0, width - tensor.shape[1]))
@@ -204,29 +125,20 @@ class D3SExperienceMaker(RemoteExperienceMaker):
             self.last_rollouts = rollout_samples
             t0 = time.perf_counter()
 
-        metrics = {
-            "d3s/n": float(self.n),
-            "d3s/k": float(self.k),
-            "d3s/kept_rollouts": float(kept),
-            "d3s/kept_rollout_frac": kept / total,
-        }
         # the response tokens of the kept rollouts: what K is applied to
-        candidate_tokens = float(sum(int(e.action_mask.sum()) for e in experiences))
-        kept_tokens = candidate_tokens
-        if token_level:
-            tokens = self._attach_token_mask(experiences, entropies)
-            metrics["d3s/entropy_all"] = tokens["entropy_mean_all"]
-            metrics["d3s/entropy_kept"] = tokens["entropy_mean_kept"]
-            metrics["d3s/scored_tokens"] = tokens["scored_tokens"]
-            kept_tokens = tokens["kept_tokens"]
-        metrics["d3s/candidate_tokens"] = candidate_tokens
-        metrics["d3s/kept_tokens"] = kept_tokens
-        metrics["d3s/kept_token_frac"] = kept_tokens / all_tokens if all_tokens else 0.0
-        if advantages is not None:
-            metrics["d3s/adv_var_all"] = advantages.double().var(unbiased=False).item()
-            metrics["d3s/adv_var_kept"] = kept_advantages.double().var(unbiased=False).item()
-        if self.group_size > 1:
-            metrics["d3s/zero_var_groups"] = float((rewards.amax(-1) == rewards.amin(-1)).sum())
+        candidate_tokens = sum(int(e.action_mask.sum()) for e in experiences)
+        token_stats = self._attach_token_mask(experiences, entropies) if token_level else None
+        metrics = step_metrics(
+            self.n,
+            self.k,
+            rewards,
+            kept,
+            candidate_tokens,
+            all_tokens,
+            advantages=advantages,
+            kept_advantages=kept_advantages,
+            token_stats=token_stats,
+        )
         metrics["d3s/select_time_s"] = self._select_time + time.perf_counter() - t0
         self.last_metrics = metrics
         return experiences
@@ -435,10 +347,9 @@ class D3SExperienceMaker(RemoteExperienceMaker):
         entropy = torch.cat([_pad_columns(h.float(), width) for h in entropies])
         action_mask = torch.cat([_pad_columns(e.action_mask.bool(), width) for e in experiences])
         mask = token_keep_mask(advantages, entropy, action_mask, self.k, scope=self.d3s.token_scope)
-        scored = int(((advantages.abs() * entropy > 0) & action_mask).sum())
         start = 0
         for experience in experiences:
             rows, columns = experience.action_mask.shape
             experience.info[PG_MASK_KEY] = mask[start : start + rows, :columns].clone()
             start += rows
-        return {**token_mask_metrics(mask, action_mask, entropy), "scored_tokens": float(scored)}
+        return token_mask_metrics(mask, action_mask, entropy, advantages)

@@ -32,6 +32,8 @@ from openrlhf.models import Actor
 from openrlhf.models.ring_attn_utils import unpad_and_slice_tensor
 from torch.utils.checkpoint import checkpoint
 
+from d3s_openrlhf.integration.host import loss_needs_every_token
+
 # Causal LMs whose forward returns lm_head(final hidden states) as the logits, with nothing applied after the head.
 SUPPORTED_MODEL_TYPES = frozenset(
     {
@@ -69,12 +71,9 @@ def kept_forward_blocker(args, actor: Actor, full_logits: bool, ring_attn_group=
     """Why the kept-token forward cannot replace upstream's training forward here, or None when it can."""
     if full_logits:
         return "--d3s.full_logits is set"
-    if args.actor.policy_loss_type != "ppo":
-        return f"--actor.policy_loss_type {args.actor.policy_loss_type} (GSPO's sequence ratio needs every token)"
-    if args.algo.kl.use_loss:
-        return "--algo.kl.use_loss (the KL loss needs every token's log-prob)"
-    if args.actor.entropy_coef is not None:
-        return "--actor.entropy_coef (the entropy loss needs every token's distribution)"
+    reason = loss_needs_every_token(args)
+    if reason is not None:
+        return reason
     if ring_attn_group is not None:
         return "--ds.ring_attn_size > 1"
     return model_blocker(actor)

@@ -15,8 +15,8 @@ Every training step (``train_step``, shared by both modes through ``D3STrainerMi
 * ``kl_ctl.update`` receives the number of rollouts actually trained instead of the nominal B*G.
 
 ``get_max_steps`` (what ``openrlhf.cli.train_ppo_ray`` builds the actors' LR scheduler with) counts the optimizer
-steps of the kept rollouts over the run's exact rollout steps (``scaled_max_steps``), so the LR schedule still
-ends with training.
+steps of the kept rollouts over the run's exact rollout steps (``host.scaled_max_steps``), so the LR schedule
+still ends with training.
 
 The async trainer builds its ``TrainingActor`` and ``GenerateSamplesActor`` inside ``PPOTrainerAsync.__init__``
 from module globals of ``openrlhf.trainer.ppo_trainer_async``; ``D3SPPOTrainerAsync`` points those two globals
@@ -25,7 +25,6 @@ at the D3S subclasses for the duration of that constructor (in its own Ray worke
 
 from __future__ import annotations
 
-import math
 from typing import Dict, Tuple
 
 import ray
@@ -36,55 +35,9 @@ from openrlhf.trainer.ppo_trainer_async import (
     TrainingActor,
 )
 
-from d3s_openrlhf.core.config import D3SConfig
-from d3s_openrlhf.integration.experience_maker import (
-    D3SExperienceMaker,
-    config_from_args,
-    kept_count_unit,
-    kept_rollout_count,
-)
+from d3s_openrlhf.integration.experience_maker import D3SExperienceMaker
+from d3s_openrlhf.integration.host import config_from_args, rollout_steps, scaled_max_steps
 from d3s_openrlhf.integration.seams import swapped_globals
-
-
-def rollout_steps(num_prompts: int, args) -> int:
-    """Rollout (= training) steps of a run over ``num_prompts`` prompts: one per rollout batch, every episode.
-
-    Exact without dynamic filtering; with ``--algo.dynamic_filtering_enable`` filtered prompts make steps
-    consume more prompts, so the run has fewer steps than this (set ``--d3s.schedule_steps`` then).
-    """
-    return max(1, math.ceil(num_prompts / args.rollout.batch_size) * args.train.num_episodes)
-
-
-def scaled_max_steps(args, cfg: D3SConfig, max_steps: int, run_steps: int) -> int:
-    """The LR-scheduler horizon when only the kept rollouts are trained (what the actors are built with).
-
-    Rollout step s trains kept(s) samples in ``kept(s) / train.batch_size`` optimizer steps per epoch (kept(s) is a
-    multiple of train.batch_size), so over the ``run_steps`` = R rollout steps of the run:
-
-        max_steps' = max_epochs * sum_{s=0}^{R-1} kept(s) / train.batch_size
-
-    with kept(s) the experience maker's count at (N, K) = the schedule at step s. Capped at upstream's
-    ``max_steps`` (which counts all B*G rollouts of every step, partial last batches by their size); unchanged
-    with ``max_steps`` <= 0, and without sample selection unless dynamic filtering sets R (below).
-
-    With ``--algo.dynamic_filtering_enable`` the run's number of steps is unknown in advance (filtered prompts are
-    replaced, so steps consume more prompts than ``rollout.batch_size``): R is then ``--d3s.schedule_steps``
-    when set (required by the CLI for a moving schedule), so the LR schedule spans the same steps as (N, K).
-    """
-    if max_steps <= 0:
-        return max_steps
-    if args.algo.dynamic_filtering_enable and cfg.schedule_steps > 0:
-        run_steps = cfg.schedule_steps
-    elif not cfg.samples_enabled:
-        return max_steps
-    schedule = cfg.schedule_for(run_steps)
-    unit = kept_count_unit(args)
-    batch, group = args.rollout.batch_size, args.rollout.n_samples_per_prompt
-    if cfg.samples_enabled:
-        kept_total = sum(kept_rollout_count(schedule.at(step)[0], batch, group, unit) for step in range(run_steps))
-    else:
-        kept_total = run_steps * batch * group
-    return min(max_steps, args.train.max_epochs * kept_total // args.train.batch_size)
 
 
 class _KeptCountKLController:

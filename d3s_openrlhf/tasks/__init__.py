@@ -8,8 +8,8 @@ A task module defines
 - ``reward(response, answer) -> float``: ``response`` is the generated text up to its first EOS token, possibly
   empty; the reward must be a finite number for any response (:func:`examples` tries it before training).
 
-Everything else is built from it (:mod:`d3s_openrlhf.cpu.pipeline`): a character-level tokenizer over the
-characters of the examples (whitespace is normalised away, see :func:`d3s_openrlhf.cpu.toy.build_tokenizer`), the
+Everything else is built from it (:mod:`d3s_openrlhf.testbed.pipeline`): a character-level tokenizer over the
+characters of the examples (whitespace is normalised away, see :func:`d3s_openrlhf.testbed.toy.build_tokenizer`), the
 JSONL files for SFT and RL, and a reward file for ``--reward.remote_url`` (:func:`write_reward_file`) that loads
 the task in OpenRLHF's Ray workers. A module given by file path (``/some/dir/my_task.py``) needs nothing on the
 workers' path: the reward file loads it from that file.

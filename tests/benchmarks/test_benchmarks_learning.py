@@ -15,6 +15,7 @@ sys.path.insert(0, str(BENCHMARKS))
 
 import bench_learning  # noqa: E402
 import report  # noqa: E402
+from reporting import claims, stats, study  # noqa: E402
 
 from d3s_openrlhf.cli import demo  # noqa: E402
 
@@ -55,14 +56,14 @@ def test_welch_t_test_matches_the_incomplete_beta_reference(a, b):
     t_ref = (np.mean(a) - np.mean(b)) / math.sqrt(va + vb)
     df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
     p_ref = float(mpmath.betainc(df / 2, 0.5, 0, df / (df + t_ref**2), regularized=True))  # P(|T| > |t|)
-    t, p = report.welch_t_test(a, b)
+    t, p = stats.welch_t_test(a, b)
     assert t == pytest.approx(t_ref, rel=1e-12) and p == pytest.approx(p_ref, abs=1e-5)
 
 
 def test_welch_t_test_degenerate_samples():
-    t, p = report.welch_t_test([1, 2, 3], [1, 2, 3])
+    t, p = stats.welch_t_test([1, 2, 3], [1, 2, 3])
     assert t == 0.0 and p == pytest.approx(1.0, abs=1e-6)
-    assert all(math.isnan(v) for v in report.welch_t_test([1.0], [2.0, 3.0]))
+    assert all(math.isnan(v) for v in stats.welch_t_test([1.0], [2.0, 3.0]))
 
 
 def test_study_methods_generate_and_train_as_published():
@@ -189,8 +190,8 @@ def synthetic_study(d3s_curve=(0.62, 0.63)):
 
 def claim_lines(document):
     """The study's claims as RESULTS.md prints them: the machine's drift, then one line per claim."""
-    parts = report.study_analysis(document)
-    return [report.drift_line(parts), *(claim.line for claim in report.claims(parts, document["eval_every"]))]
+    parts = study.study_analysis(document)
+    return [claims.drift_line(parts), *(claim.line for claim in claims.claims(parts, document["eval_every"]))]
 
 
 def test_claims_follow_from_the_numbers():

@@ -161,10 +161,6 @@ def test_intra_counts_rejects(args, fragment):
         intra_counts(*args, generator=None)
 
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
-
-
-@pytest.mark.parametrize("device", DEVICES)
 def test_intra_counts_draws_on_the_generator_device(device, monkeypatch):
     draws = []
     randperm = torch.randperm

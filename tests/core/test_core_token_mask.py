@@ -222,15 +222,15 @@ def test_metrics():
         "entropy_mean_all": 3.0,
         "entropy_mean_kept": 2.5,
     }
+    # with the advantages: candidates whose |A| * H is > 0 (row 1 has advantage 0; padding never counts)
+    adv = torch.tensor([[-0.5, 0.5, 0.5], [0.0, 0.0, 0.0]])
+    assert token_mask_metrics(keep, mask, ent, adv) == {**m, "scored_tokens": 2.0}
     empty = token_mask_metrics(torch.zeros(1, 2, dtype=torch.bool), torch.zeros(1, 2, dtype=torch.bool), ent[:1, :2])
     assert empty["kept_fraction"] == 0.0 and empty["entropy_mean_all"] == 0.0 and empty["entropy_mean_kept"] == 0.0
     with pytest.raises(ValueError, match="same shape"):
         token_mask_metrics(keep, mask[:1], ent)
 
 
-@pytest.mark.parametrize(
-    "device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
-)
 @pytest.mark.parametrize("scope", ["batch", "sequence"])
 def test_same_mask_on_every_device(device, scope):
     adv = torch.randint(-1, 2, (6, 20)).float() * torch.rand(6, 1)

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from d3s_openrlhf.cpu import patches, toy
+from d3s_openrlhf.cpu import patches
+from d3s_openrlhf.testbed import toy
 
 PROBE = """
 import json, sys
@@ -84,7 +85,7 @@ def test_other_values_are_refused_by_the_launcher_before_ray(value):
 
 
 def test_the_launcher_flag_reaches_the_command():
-    from d3s_openrlhf.cpu import pipeline
+    from d3s_openrlhf.testbed import pipeline
 
     command = pipeline.launcher_command("openrlhf.cli.train_sft", ["--x", 1], fp32=True)
     assert command[1:] == ["-m", "d3s_openrlhf.cli.cpu", "--fp32", "openrlhf.cli.train_sft", "--x", "1"]

@@ -7,6 +7,7 @@ import ray
 from d3s_openrlhf.cli import cpu as launcher
 from d3s_openrlhf.cli import train_ppo_ray as cli
 from d3s_openrlhf.cpu import preflight
+from d3s_openrlhf.integration import host
 
 # A GPU user's command: upstream's defaults except what any run sets (data, reward, estimator, GPU counts)
 GPU_STYLE = [
@@ -37,7 +38,7 @@ def test_upstream_defaults_pass_unchanged_once_an_engine_is_given(capsys):
     # default --ds.attn_implementation flash_attention_2 runs on the stand-in; nothing to change
     argv, err = prepare([*GPU_STYLE, *ENGINE], capsys)
     assert argv == [*GPU_STYLE, *ENGINE] and err == ""
-    assert preflight.upstream_train_args(argv).ds.attn_implementation == "flash_attention_2"
+    assert host.upstream_train_args(argv).ds.attn_implementation == "flash_attention_2"
 
 
 def test_no_vllm_engine_is_refused_with_the_flag_to_add():
@@ -77,7 +78,7 @@ def test_changes_are_applied_and_said(flags, changed, gone, added, capsys):
     argv, err = prepare([*GPU_STYLE, *ENGINE, *flags], capsys)
     assert changed in err
     assert not set(gone) & set(argv) and argv[len(argv) - len(added) :] == added
-    args = preflight.upstream_train_args(argv)
+    args = host.upstream_train_args(argv)
     assert preflight.review(args) == ([], [])
     assert not args.vllm.sync_with_ray and not args.vllm.enable_sleep and not args.ds.enable_sleep
 
@@ -123,7 +124,7 @@ def test_fp16_is_refused_where_deepspeed_has_no_cpu_fp16():
 def test_packing_and_dynamic_batching_force_the_attention_the_stand_in_serves():
     argv = [*GPU_STYLE, *ENGINE, "--train.dynamic_batch_enable", "--ds.attn_implementation", "sdpa"]
     assert preflight.prepare(argv) == argv
-    args = preflight.upstream_train_args(argv)
+    args = host.upstream_train_args(argv)
     assert args.ds.packing_samples and args.ds.attn_implementation == "flash_attention_2"
 
 
@@ -139,7 +140,7 @@ def runs(monkeypatch):
     """What the D3S entrypoint would hand upstream (argv), with Ray's start recorded instead of done."""
     seen = {"argv": [], "activated": 0}
     monkeypatch.setenv("D3S_OPENRLHF_CPU", "1")
-    monkeypatch.setattr(cli, "run_upstream", lambda host_argv: seen["argv"].append(list(host_argv)))
+    monkeypatch.setattr(cli, "run", lambda host_argv, config: seen["argv"].append(list(host_argv)))
     monkeypatch.setattr(cli.cpu_runtime, "activate_if_requested", lambda: seen.__setitem__("activated", 1))
     return seen
 

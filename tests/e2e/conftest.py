@@ -18,8 +18,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from d3s_openrlhf.cpu import pipeline
-from d3s_openrlhf.cpu.metrics import read_train_scalars
+from d3s_openrlhf.testbed import pipeline
+from d3s_openrlhf.testbed.metrics import read_train_scalars
 
 MARKER = "D3S_E2E_RUN"
 RUN_TIMEOUT_S = 400  # a run takes 40-90 s here; a hang (e.g. a placement group without GPUs) must not stall CI

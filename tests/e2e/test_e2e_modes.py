@@ -14,7 +14,7 @@ import pytest
 
 from d3s_openrlhf.core.batching import kept_unit, legal_kept_count
 from d3s_openrlhf.core.config import D3SConfig
-from d3s_openrlhf.cpu import pipeline
+from d3s_openrlhf.testbed import pipeline
 
 pytestmark = pytest.mark.e2e
 

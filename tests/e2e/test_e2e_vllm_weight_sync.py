@@ -1,6 +1,6 @@
 """The vLLM CPU engine follows the trainer's weights after OpenRLHF's own broadcast (gloo weight sync).
 
-``python -m d3s_openrlhf.cpu.sync_check`` perturbs the toy model (tied embeddings: the LM head is the case
+``python -m d3s_openrlhf.testbed.sync_check`` perturbs the toy model (tied embeddings: the LM head is the case
 vLLM's CPU repacking would leave stale), syncs it twice through ``ActorPPOTrainer.broadcast_to_vllm`` and
 reports the engine's prompt log-probs against the perturbed model's.
 """
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from d3s_openrlhf.cpu import toy
+from d3s_openrlhf.testbed import toy
 
 pytestmark = pytest.mark.e2e
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.e2e
 def test_engine_logprobs_follow_synced_weights(tmp_path):
     model_dir = toy.save_model_and_tokenizer(str(tmp_path / "model"), seed=3)
     done = subprocess.run(
-        [sys.executable, "-m", "d3s_openrlhf.cpu.sync_check", model_dir, "--syncs", "2", "--scale", "2.0"],
+        [sys.executable, "-m", "d3s_openrlhf.testbed.sync_check", model_dir, "--syncs", "2", "--scale", "2.0"],
         capture_output=True,
         text=True,
         timeout=600,

@@ -274,7 +274,7 @@ def test_unknown_ship_mode_fails():
 
 def test_host_flags_parse_with_upstreams_parser():
     """Every script's OpenRLHF flags go through OpenRLHF 0.11.2's own parser (also for the GRPO baselines)."""
-    from d3s_openrlhf.cli.train_ppo_ray import parse_host_args, split_d3s_flags
+    from d3s_openrlhf.integration.host import parse_host_args, split_d3s_flags
 
     for script in ALL_SCRIPTS:
         _, entry = split_submit(printed_command(script))

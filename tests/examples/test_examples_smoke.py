@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from d3s_openrlhf.cpu import smoke
+from d3s_openrlhf.testbed import smoke
 
 pytestmark = pytest.mark.e2e
 
-SCRIPTS = Path(smoke.SCRIPTS) / "qwen2.5-math-1.5b"
+SCRIPTS = Path(__file__).resolve().parents[2] / "examples" / "scripts" / "qwen2.5-math-1.5b"
 
 
 @pytest.fixture(scope="module")

@@ -16,15 +16,13 @@ from openrlhf.utils.loss_utils import (
     iter_grad_accum_global_norm,
 )
 
-from d3s_openrlhf.core.config import D3SConfig
 from d3s_openrlhf.integration.actor import (
-    PG_MASK_KEY,
     D3SPolicyLoss,
     experience_pg_mask,
     pg_mask_from_rows,
     with_pg_window_norms,
 )
-from d3s_openrlhf.integration.experience_maker import config_from_args
+from d3s_openrlhf.integration.host import PG_MASK_KEY
 
 LOSS_CONFIGS = {
     "ppo-token": dict(policy_loss_type="ppo", token_level_loss=True),
@@ -356,18 +354,3 @@ def test_selection_is_scoped_and_validated():
     with loss_fn.selecting(batch.pg, torch.tensor(1.0), torch.tensor(1.0)):
         assert loss_fn.selection[0] is batch.pg
     assert loss_fn.selection is None
-
-
-# --------------------------------------------------------------------------------------------------------------
-# (g) the D3S config in the host args
-
-
-def test_d3s_config_is_read_from_a_config_dict_or_namespace():
-    cfg = D3SConfig.from_flags({"preset": "d3s"})
-    assert config_from_args(SimpleNamespace(d3s=cfg)) is cfg
-    assert config_from_args(SimpleNamespace(d3s=cfg.to_dict())) == cfg
-    assert config_from_args(SimpleNamespace(d3s=SimpleNamespace(**cfg.to_dict()))) == cfg
-    assert config_from_args(SimpleNamespace()) is None
-    assert config_from_args(SimpleNamespace(d3s=None)) is None
-    with pytest.raises(ValueError, match="k_init"):
-        config_from_args(SimpleNamespace(d3s={**cfg.to_dict(), "k_init": 0.0}))

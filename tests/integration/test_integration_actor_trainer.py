@@ -29,13 +29,13 @@ from openrlhf.utils import loss_utils
 
 from d3s_openrlhf.core.config import D3SConfig
 from d3s_openrlhf.integration.actor import (
-    PG_MASK_KEY,
     D3SActorPPOTrainer,
     D3SPolicyLoss,
     D3SPolicyModelActor,
     D3SReplayBuffer,
     pg_mask_from_rows,
 )
+from d3s_openrlhf.integration.host import PG_MASK_KEY
 
 VOCAB = 128
 PROMPT = 3

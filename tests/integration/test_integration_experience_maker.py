@@ -29,16 +29,10 @@ from openrlhf.trainer.ppo_utils.kl_controller import (
 from openrlhf.trainer.ray.launcher import RayActorGroup
 from openrlhf.utils import get_strategy
 
-from d3s_openrlhf.cli.train_ppo_ray import parse_host_args
 from d3s_openrlhf.core.config import D3SConfig
-from d3s_openrlhf.integration.experience_maker import (
-    PG_MASK_KEY,
-    D3SExperienceMaker,
-    config_namespace,
-    kept_count_unit,
-    kept_rollout_count,
-)
-from d3s_openrlhf.integration.trainer import D3STrainerMixin, rollout_steps
+from d3s_openrlhf.integration.experience_maker import D3SExperienceMaker
+from d3s_openrlhf.integration.host import PG_MASK_KEY, config_namespace, kept_count_unit, parse_host_args
+from d3s_openrlhf.integration.trainer import D3STrainerMixin
 
 ESTIMATORS = ("group_norm", "dr_grpo", "rloo", "reinforce_baseline")
 
@@ -499,15 +493,6 @@ def test_length_penalties_land_exactly_once(groups):
 # ── batch invariant ──
 
 
-def test_kept_count_rounding_rule():
-    assert kept_rollout_count(2, 4, 8, 6) == 32  # a batch of 32 is no multiple of 6 (partial batch): kept whole
-    assert kept_rollout_count(2, 3, 4, 4) == 8  # 6 -> 8
-    assert kept_rollout_count(1, 3, 4, 4) == 4  # 3 -> 4
-    assert kept_rollout_count(4, 3, 4, 4) == 12
-    assert kept_rollout_count(9, 3, 4, 4) == 12  # N above G keeps everything
-    assert kept_rollout_count(1, 1, 4, 8) == 4  # a partial last batch smaller than the unit is kept whole
-
-
 @pytest.mark.parametrize("dynamic", [False, True], ids=["fixed-batches", "dynamic-batch"])
 @pytest.mark.parametrize("scope", ["cross", "intra"])
 def test_kept_counts_split_evenly_over_two_ranks(groups, scope, dynamic):
@@ -758,13 +743,6 @@ def test_trainer_resumed_at_a_step_continues_the_schedule(groups):
         runs.append((status["d3s/n"], status["d3s/k"], forwarded))
     assert runs[0] == runs[1]
     assert runs[0][0] == 3.0  # round(1 + 2/4 * 3) = round(2.5) = 3
-
-
-def test_rollout_steps_horizon():
-    args = host_args(prompts=4)
-    args.train.num_episodes = 2
-    assert rollout_steps(10, args) == 6  # ceil(10 / 4) batches per episode, 2 episodes
-    assert rollout_steps(8, args) == 4
 
 
 # ── bad rewards, the entropy hand-off ──

@@ -10,22 +10,19 @@ from __future__ import annotations
 
 import json
 import sys
-from types import SimpleNamespace
 
 import pytest
 import ray
 from openrlhf.utils import get_strategy
 
-from d3s_openrlhf.cli.train_ppo_ray import parse_host_args
 from d3s_openrlhf.core.config import D3SConfig
-from d3s_openrlhf.integration.experience_maker import config_from_args, config_namespace
 from d3s_openrlhf.integration.actor import D3SPolicyModelActor
+from d3s_openrlhf.integration.host import config_from_args, config_namespace, parse_host_args, scaled_max_steps
 from d3s_openrlhf.integration.trainer import (
     D3SGenerateSamplesActor,
     D3SPPOTrainer,
     D3SPPOTrainerAsync,
     D3STrainingActor,
-    scaled_max_steps,
 )
 
 
@@ -184,90 +181,3 @@ def test_async_trainer_builds_d3s_generator_and_training_actors(run_files):
     # In the wrapper's worker the module globals were swapped only for the duration of its constructor.
     assert globals_now == ("TrainingActor", "GenerateSamplesActor")
     ray.kill(trainer)
-
-
-# ── the LR-scheduler horizon (get_max_steps) ──
-
-
-def horizon_args(**overrides):
-    args = SimpleNamespace(
-        rollout=SimpleNamespace(batch_size=4, n_samples_per_prompt=8, micro_batch_size=1),
-        train=SimpleNamespace(batch_size=8, max_epochs=2, dynamic_batch_enable=False),
-        actor=SimpleNamespace(num_nodes=1, num_gpus_per_node=2),
-        ds=SimpleNamespace(ring_attn_size=1, tensor_parallel_size=1),
-        algo=SimpleNamespace(kl=SimpleNamespace(init_coef=0.0), dynamic_filtering_enable=False),
-        ref=SimpleNamespace(num_nodes=1, num_gpus_per_node=1),
-        critic=SimpleNamespace(model_name_or_path=None, num_nodes=1, num_gpus_per_node=1),
-    )
-    for key, value in overrides.items():
-        *path, name = key.split("__")
-        target = args
-        for part in path:
-            target = getattr(target, part)
-        setattr(target, name, value)
-    return args
-
-
-def test_max_steps_is_the_optimizer_steps_of_the_kept_rollouts():
-    args = horizon_args()
-    # upstream: 4 rollout steps x (4 prompts x 8 samples / 8 per optimizer step) x 2 epochs
-    max_steps = 4 * (4 * 8 // 8) * 2
-    cfg = D3SConfig(sample_rule="max_var", n_init=2, n_final=6, schedule="linear")
-    # N over the 4 steps: 2, 3, 4, 5 -> N * B = 8, 12, 16, 20 -> multiples of lcm(8, 1 * 2) = 8: 8, 16, 16, 24;
-    # 2 epochs x (8 + 16 + 16 + 24) / 8 = 16 optimizer steps
-    assert scaled_max_steps(args, cfg, max_steps, 4) == 16
-    # the exact step count matters: 10 prompts, B = 4, 3 episodes = 9 rollout steps (partial batches included),
-    # while upstream's horizon floor(10 * 8 / 8) * 3 * 2 = 60 corresponds to 7.5 full ones
-    schedule = cfg.schedule_for(9)
-    kept = [max(8, -(-schedule.at(step)[0] * 4 // 8) * 8) for step in range(9)]
-    assert scaled_max_steps(args, cfg, 60, 9) == min(60, 2 * sum(kept) // 8)
-
-
-def test_max_steps_uses_schedule_steps_and_the_dynamic_batch_unit():
-    args = horizon_args(train__dynamic_batch_enable=True, actor__num_gpus_per_node=4)
-    max_steps = 4 * 4 * 2
-    # schedule over 2 steps: N = 2, 4, then 6, 6 (p clipped at 1); unit lcm(8, 4) = 8: 8, 16, 24, 24
-    cfg = D3SConfig(sample_rule="max_var", n_init=2, n_final=6, schedule="linear", schedule_steps=2)
-    assert scaled_max_steps(args, cfg, max_steps, 4) == 2 * (8 + 16 + 24 + 24) // 8
-
-
-def test_max_steps_with_a_constant_fraction_and_without_sample_selection():
-    args = horizon_args(rollout__n_samples_per_prompt=16, train__batch_size=16)
-    max_steps = 10 * (4 * 16 // 16) * 2
-    pods = D3SConfig.from_flags({"preset": "pods", "n_init": 4, "n_final": 4})  # keeps 4 of 16 = 1/4 each step
-    assert scaled_max_steps(args, pods, max_steps, 10) == max_steps // 4
-    tokens_only = D3SConfig(sample_rule="none", k_init=0.1, k_final=0.3)
-    assert scaled_max_steps(args, tokens_only, max_steps, 10) == max_steps
-    # never above upstream's horizon, and 0 stays 0
-    assert scaled_max_steps(args, pods, 1, 10) == 1
-    assert scaled_max_steps(args, pods, 0, 10) == 0
-
-
-def test_max_steps_with_dynamic_filtering_spans_the_schedule_steps():
-    args = horizon_args(algo__dynamic_filtering_enable=True)
-    # upstream's horizon over-counts under filtering (10 steps estimated); the schedule is set to span 3
-    max_steps = 10 * (4 * 8 // 8) * 2
-    cfg = D3SConfig(sample_rule="max_var", n_init=2, n_final=6, schedule="linear", schedule_steps=3)
-    schedule = cfg.schedule_for(3)
-    kept = [-(-schedule.at(step)[0] * 4 // 8) * 8 for step in range(3)]
-    assert scaled_max_steps(args, cfg, max_steps, 10) == 2 * sum(kept) // 8
-    # token selection alone: the same 3 steps of all B * G rollouts
-    tokens_only = D3SConfig(sample_rule="none", k_init=0.1, k_final=0.3, schedule_steps=3)
-    assert scaled_max_steps(args, tokens_only, max_steps, 10) == 3 * (4 * 8 // 8) * 2
-    # without schedule_steps upstream's estimate stays (the CLI refuses a moving schedule then)
-    assert scaled_max_steps(args, D3SConfig(sample_rule="none", k_init=0.1, k_final=0.3), max_steps, 10) == max_steps
-
-
-def test_kept_count_unit_counts_every_group_that_runs_forwards_on_the_kept_rollouts():
-    from d3s_openrlhf.integration.experience_maker import kept_count_unit
-
-    # actor 2 ranks, micro-batch 1, train batch 8: lcm(8, 1 x 2) = 8
-    assert kept_count_unit(horizon_args()) == 8
-    # a reference model on 3 ranks: kept / 1 micro-batches must split over 2 and 3 ranks: lcm(8, 6) = 24
-    args = horizon_args(algo__kl__init_coef=0.01, ref__num_gpus_per_node=3)
-    assert kept_count_unit(args) == 24
-    # a critic on 4 ranks and micro-batches of 2: lcm(8, 2 x lcm(2, 4)) = 8
-    args = horizon_args(critic__model_name_or_path="critic", critic__num_gpus_per_node=4, rollout__micro_batch_size=2)
-    assert kept_count_unit(args) == 8
-    # with a KL coefficient of 0 the reference model does not exist
-    assert kept_count_unit(horizon_args(ref__num_gpus_per_node=3)) == 8

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from d3s_openrlhf import tasks
-from d3s_openrlhf.cpu import toy
+from d3s_openrlhf.testbed import toy
 from d3s_openrlhf.tasks import chainsum
 
 

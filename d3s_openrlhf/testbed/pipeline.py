@@ -11,9 +11,9 @@ import threading
 from dataclasses import dataclass, field, fields
 
 from d3s_openrlhf import tasks
-from d3s_openrlhf.cpu import toy
+from d3s_openrlhf.testbed import toy
 
-REWARD_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "arith_reward.py")
+REWARD_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "addition_reward.py")
 D3S_ENTRYPOINT = "d3s_openrlhf.cli.train_ppo_ray"
 
 
@@ -108,10 +108,19 @@ def task_config(task=tasks.DEFAULT_TASK, **overrides):
 
 
 @dataclass(frozen=True)
+class TaskFiles:
+    """The task's splits as OpenRLHF JSONL files."""
+
+    sft: str  # {"input", "output"}: the SFT warm start's data
+    prompts: str  # {"input", "label"}: the RL prompts
+    heldout: str  # {"input", "label"}: the held-out evaluation
+
+
+@dataclass(frozen=True)
 class Prepared:
     base_model: str
     sft_model: str
-    task: toy.TaskFiles
+    task: TaskFiles
     reward_file: str = REWARD_FILE  # the task's reward file for --reward.remote_url
     max_new_tokens: int = 4  # the task's MAX_NEW_TOKENS, else the longest SFT response + EOS
     max_len: int = 16  # prompt + response tokens (--data.max_len)
@@ -168,7 +177,7 @@ def write_task_files(directory, config):
     longest = max((len(row["sft_response"]) for row in splits["sft"]), default=0) + 1
     max_new_tokens = getattr(task, "MAX_NEW_TOKENS", longest)
     max_len = max(len(row["prompt"]) for row in rows) + 1 + max(max_new_tokens, longest)
-    files = toy.TaskFiles(
+    files = TaskFiles(
         sft=toy.write_jsonl(
             os.path.join(directory, "sft.jsonl"),
             [{"input": row["prompt"], "output": row["sft_response"]} for row in splits["sft"]],
@@ -233,6 +242,36 @@ class RLConfig:
     zero_stage: int = 2
     fp32: bool = False  # the launcher's --fp32: every model in float32 instead of --ds.param_dtype
     extra: list = field(default_factory=list)  # more flags, e.g. --d3s.* or --train.async_enable
+
+
+# the demo's RL run (``python -m d3s_openrlhf.cli.demo``), also the learning study's base
+DEMO_PROMPTS_PER_STEP = 16
+DEMO_D3S_FLAGS = [
+    "--d3s.preset", "d3s", "--d3s.n_init", 4, "--d3s.n_final", 12, "--d3s.k_init", 0.3, "--d3s.k_final", 0.8,
+]  # fmt: skip
+
+
+def demo_rl_config(task_config, episodes, d3s=True, prepared=None):
+    """GRPO (+ D3S: N 4 -> 12 of 16 rollouts per prompt, K 30% -> 80% of tokens), 16 prompts x 16 rollouts a step;
+    with ``prepared``, the task's reward file and response budget (else the addition task's)."""
+    task_sizes = {}
+    if prepared is not None:
+        task_sizes = dict(
+            reward=prepared.reward_file,
+            max_new_tokens=prepared.max_new_tokens,
+            max_len=max(RLConfig.max_len, prepared.max_len),
+        )
+    return RLConfig(
+        prompts_per_step=DEMO_PROMPTS_PER_STEP,
+        samples_per_prompt=16,
+        steps=task_config.n_prompts // DEMO_PROMPTS_PER_STEP,
+        episodes=episodes,
+        train_batch_size=32,
+        micro_batch_size=32,
+        lr=2e-4,
+        extra=DEMO_D3S_FLAGS if d3s else [],
+        **task_sizes,
+    )
 
 
 # fmt: off

@@ -34,11 +34,10 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from d3s_openrlhf.cpu import pipeline, toy
-from d3s_openrlhf.cpu.metrics import read_train_scalars
+from d3s_openrlhf.testbed import pipeline, toy
+from d3s_openrlhf.testbed.metrics import read_train_scalars
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPTS = os.path.join(ROOT, "examples", "scripts")
+SCRIPTS_DIR = os.path.join("examples", "scripts")  # under the checkout the command runs in
 MARKER = "D3S_SMOKE_CLUSTER"
 STEPS = 2
 # A chat template for the character-level toy tokenizer (the scripts pass --data.apply_chat_template): the
@@ -150,12 +149,12 @@ def _command(pid):
         return "?"
 
 
-def ray_environment(cluster_id):
+def ray_environment(cluster_id, checkout):
     """The environment of the Ray processes: this Python's ``bin`` first on PATH (the job's ``python3``), the
-    checkout off PYTHONPATH (the job must import the plugin from its uploaded working_dir), the marker."""
+    ``checkout`` off PYTHONPATH (the job must import the plugin from its uploaded working_dir), the marker."""
     env = dict(os.environ)
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    kept = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != ROOT]
+    kept = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != checkout]
     if kept:
         env["PYTHONPATH"] = os.pathsep.join(kept)
     else:
@@ -195,6 +194,7 @@ class Cluster:
     cpus_per_node: int = 16  # logical: placement groups and actors reserve CPUs, the cores are shared anyway
     object_store_gb: float = 0.5
     log: object = None  # a text file the `ray start` output goes to
+    checkout: str = ""  # the checkout the jobs ship as their working_dir: kept off the processes' PYTHONPATH
     cluster_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     dashboard_address: str = ""  # the job server, for `ray job submit --address`
     gcs_address: str = ""
@@ -205,7 +205,7 @@ class Cluster:
     def _ray(self, *args):
         done = subprocess.run(
             [sys.executable, "-c", _RAY_START, *args],
-            env=ray_environment(self.cluster_id),
+            env=ray_environment(self.cluster_id, self.checkout),
             capture_output=True,
             text=True,
             timeout=180,
@@ -325,9 +325,16 @@ COMMON_VARS = frozenset(
 CPU_RUNTIME_ENV_VARS = {"D3S_OPENRLHF_CPU": "1", "RAY_OVERRIDE_JOB_RUNTIME_ENV": "1"}
 
 
+def checkout_of(script):
+    """The checkout a launch script belongs to (``<checkout>/examples/scripts/<model>/<setting>.sh``): what
+    common.sh ships to the job as its working_dir."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(script)))))
+
+
 def dry_run(script, env):
-    """The script's command line through the entrypoint's validation (``--d3s.dry_run``), without Ray."""
-    env = dict(env, D3S_LAUNCH=f"{sys.executable} -m d3s_openrlhf.cli.train_ppo_ray", PYTHONPATH=ROOT)
+    """The script's command line through the entrypoint's validation (``--d3s.dry_run``), without Ray, with the
+    script's own checkout first on the path (the code its job will run)."""
+    env = dict(env, D3S_LAUNCH=f"{sys.executable} -m d3s_openrlhf.cli.train_ppo_ray", PYTHONPATH=checkout_of(script))
     done = subprocess.run(
         ["bash", script, *extra_args(), "--d3s.dry_run"], env=env, capture_output=True, text=True, timeout=300
     )
@@ -348,7 +355,9 @@ def run_script(script, toy_files, outdir, nodes=1, gpus_per_node=1, timeout=600,
     with open(log_path, "a") as log:
         log.write(dry_run(script, env))
     start = time.time()
-    with open(log_path, "a") as log, Cluster(nodes=nodes, gpus_per_node=gpus_per_node, log=log) as cluster:
+    with open(log_path, "a") as log, Cluster(
+        nodes=nodes, gpus_per_node=gpus_per_node, log=log, checkout=checkout_of(script)
+    ) as cluster:
         env["RAY_ADDRESS"] = cluster.dashboard_address
         command = ["bash", script, *extra_args(), *extra]
         log.write(f"$ {shlex.join(command)}\n")
@@ -366,8 +375,9 @@ def run_script(script, toy_files, outdir, nodes=1, gpus_per_node=1, timeout=600,
     return Result(name, rc, log_path, read_train_scalars(tensorboard), leftovers, time.time() - start)
 
 
-def all_scripts():
-    return sorted(glob.glob(os.path.join(SCRIPTS, "*", "*.sh")))
+def all_scripts(scripts_dir=SCRIPTS_DIR):
+    """Every launch script ``<scripts_dir>/<model>/<setting>.sh``."""
+    return sorted(glob.glob(os.path.join(scripts_dir, "*", "*.sh")))
 
 
 def parse(argv):
@@ -376,7 +386,13 @@ def parse(argv):
         description="Run examples/scripts/<model>/<setting>.sh for two steps on the CPU runtime with the toy model.",
     )
     parser.add_argument("scripts", nargs="*", help="launch scripts to run")
-    parser.add_argument("--all", action="store_true", help="every script under examples/scripts/")
+    parser.add_argument("--all", action="store_true", help="every script under --scripts-dir")
+    parser.add_argument(
+        "--scripts-dir",
+        default=SCRIPTS_DIR,
+        help=f"the launch scripts of a d3s-openrlhf checkout, for --all (default: {SCRIPTS_DIR} in the current "
+        "directory)",
+    )
     parser.add_argument("--nodes", type=int, default=1, help="Ray nodes started on this machine (NNODES)")
     parser.add_argument("--gpus-per-node", type=int, default=1, help="fake GPUs per node (GPUS_PER_NODE)")
     parser.add_argument("--workdir", default=None, help="toy model, data and runs (default: a new temp dir)")
@@ -387,7 +403,12 @@ def parse(argv):
     if options.extra[:1] == ["--"]:
         options.extra = options.extra[1:]
     if options.all:
-        options.scripts = all_scripts()
+        options.scripts = all_scripts(options.scripts_dir)
+        if not options.scripts:
+            parser.error(
+                f"no launch scripts under {os.path.abspath(options.scripts_dir)}: run from a d3s-openrlhf checkout "
+                "or give its examples/scripts as --scripts-dir"
+            )
     if not options.scripts:
         parser.error("name at least one script, or --all")
     for script in options.scripts:

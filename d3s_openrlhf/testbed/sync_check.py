@@ -1,6 +1,6 @@
 """Self-check of the vLLM weight sync under the CPU runtime: do the engine's log-probs follow the trainer?
 
-    python -m d3s_openrlhf.cpu.sync_check MODEL_DIR [--syncs 2]
+    python -m d3s_openrlhf.testbed.sync_check MODEL_DIR [--syncs 2]
 
 Starts one engine with OpenRLHF's ``create_vllm_engines``, then, ``--syncs`` times: perturbs a copy of the
 model's weights, pushes them with OpenRLHF's own trainer-side code (``ActorPPOTrainer._init_vllm_sync_group``
@@ -112,7 +112,9 @@ def run(model_dir, syncs, scale):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m d3s_openrlhf.cpu.sync_check", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m d3s_openrlhf.testbed.sync_check", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("model_dir")
     parser.add_argument("--syncs", type=int, default=2)
     parser.add_argument("--scale", type=float, default=0.5, help="noise, relative to each weight's std")

@@ -1,4 +1,4 @@
-"""d3s_openrlhf.data.prepare on tiny hand-written samples of each source format (tests/examples/fixtures/)."""
+"""d3s_openrlhf.data.prepare on tiny hand-written samples of each source format (tests/data/fixtures/)."""
 
 import json
 from pathlib import Path

@@ -1,21 +1,18 @@
-"""A tiny verifiable task and model, built locally (no hub): integer addition ``"12+7="`` -> ``"19"``.
+"""The testbed's model, built locally (no hub), over a task's characters (the addition task's by default).
 
-- tokenizer: character level (``tokenizers`` WordLevel over single characters), digits, ``+``, ``=`` and
-  four special tokens; spaces are normalised away (OpenRLHF's SFT dataset puts one before the EOS token);
+- tokenizer: character level (``tokenizers`` WordLevel over single characters) and four special tokens; spaces
+  are normalised away (OpenRLHF's SFT dataset puts one before the EOS token);
 - model: a 2-layer Llama with head_dim 32 (vLLM's CPU attention needs head_dim in {32, 64, 80, ...}) and tied
   input/output embeddings, saved with ``save_pretrained`` (bfloat16, what OpenRLHF trains and vLLM serves);
-- data: JSONL files for ``openrlhf.cli.train_sft`` (``input``/``output``) and for ``train_ppo_ray``
-  (``input``/``label``), disjoint train and held-out splits;
-- reward: :mod:`d3s_openrlhf.cpu.arith_reward`, a ``reward_func`` file for ``--reward.remote_url``.
+- :func:`write_jsonl` writes OpenRLHF's JSONL datasets.
 """
 
 import json
-import os
-import random
 from dataclasses import dataclass
 
+from d3s_openrlhf.tasks.addition import CHARACTERS
+
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
-CHARACTERS = tuple("0123456789+=")
 
 
 def build_tokenizer(filler_tokens=0, characters=CHARACTERS):
@@ -76,47 +73,8 @@ def save_model_and_tokenizer(path, shape=ModelShape(), seed=0, filler_tokens=0, 
     return path
 
 
-def problems(max_operand, count, seed):
-    """``count`` distinct problems ``(a, b)`` with ``0 <= a, b <= max_operand``, in a seeded random order."""
-    pairs = [(a, b) for a in range(max_operand + 1) for b in range(max_operand + 1)]
-    if count > len(pairs):
-        raise ValueError(f"only {len(pairs)} problems with operands <= {max_operand}")
-    random.Random(seed).shuffle(pairs)
-    return pairs[:count]
-
-
-def prompt_of(a, b):
-    return f"{a}+{b}="
-
-
 def write_jsonl(path, rows):
     with open(path, "w") as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")
     return path
-
-
-@dataclass(frozen=True)
-class TaskFiles:
-    sft: str
-    prompts: str
-    heldout: str
-
-
-def write_task(directory, max_operand=49, n_sft=600, n_prompts=1024, n_heldout=128, seed=0):
-    """Disjoint SFT / RL-prompt / held-out splits of the addition task as OpenRLHF JSONL files."""
-    os.makedirs(directory, exist_ok=True)
-    pairs = problems(max_operand, n_sft + n_prompts + n_heldout, seed)
-    sft, rl, heldout = pairs[:n_sft], pairs[n_sft : n_sft + n_prompts], pairs[n_sft + n_prompts :]
-    return TaskFiles(
-        sft=write_jsonl(
-            os.path.join(directory, "sft.jsonl"), [{"input": prompt_of(a, b), "output": str(a + b)} for a, b in sft]
-        ),
-        prompts=write_jsonl(
-            os.path.join(directory, "prompts.jsonl"), [{"input": prompt_of(a, b), "label": str(a + b)} for a, b in rl]
-        ),
-        heldout=write_jsonl(
-            os.path.join(directory, "heldout.jsonl"),
-            [{"input": prompt_of(a, b), "label": str(a + b)} for a, b in heldout],
-        ),
-    )

@@ -1,0 +1,302 @@
+"""The sections of RESULTS.md besides the study, and its summary: step cost (with its plot), selection overhead,
+memory of the log-prob and entropy forward, the actor's forwards without full logits."""
+
+from __future__ import annotations
+
+import re
+import statistics
+
+import numpy as np
+
+from .stats import p_text
+
+MIB = 2**20  # the benchmarks' MiB (memory_probe.MIB, which imports torch)
+
+
+def plot_step_cost(points, path):
+    """Each D3S point's time ratios to GRPO (experience making, actor update, whole step) against its kept-rollout
+    ratio, written to ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    base = points[0]
+    figure, axis = plt.subplots(figsize=(6.5, 4.5))
+    axis.plot([0, 1.05], [0, 1.05], color="black", linestyle=":", linewidth=1, label="time ratio = kept-rollout ratio")
+    for key, marker, color, label in (
+        ("timing/make_experience", "o", "tab:blue", "experience making"),
+        ("timing/ppo_train", "s", "tab:red", "actor update"),
+        ("timing/step_total", "^", "tab:gray", "whole step (incl. generation)"),
+    ):
+        for point in points[1:]:
+            axis.scatter(
+                point["kept_rollouts"] / base["kept_rollouts"],
+                point[key] / base[key],
+                marker=marker,
+                s=60,
+                facecolors=color if point["k"] >= 1.0 else "none",
+                edgecolors=color,
+                label=label if point is points[1] else None,
+            )
+    axis.set_xlabel("kept rollouts / all rollouts")
+    axis.set_ylabel("time / GRPO's time (median step)")
+    axis.set_xlim(0, 1.05)
+    axis.set_ylim(0, 1.3)
+    axis.set_title("D3S step cost vs GRPO (filled: K = 1, open: K = 0.2)")
+    axis.legend(fontsize=8, loc="upper left")
+    axis.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def step_cost_section(cost):
+    """Section 1: time of experience making, actor update, generation and the whole step per (N, K) point
+    (``step_cost.json``, bench_step_cost.py), with what scales with the kept rollouts."""
+    points = cost["points"]
+    base = points[0]
+    rows = [
+        "| point | kept rollouts | PG tokens | experience making | actor update | generation | whole step | "
+        "selection |",
+        "|:---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for point in points:
+        kept = point["kept_rollouts"] / base["kept_rollouts"]
+        tokens = point["pg_tokens"] / base["pg_tokens"]
+        cells = [
+            point["label"],
+            f"{point['kept_rollouts']:.0f} ({kept:.2f})",
+            f"{point['pg_tokens']:.0f} ({tokens:.2f})",
+            f"{point['timing/make_experience']:.2f} s ({point['timing/make_experience'] / base['timing/make_experience']:.2f})",
+            f"{point['timing/ppo_train']:.2f} s ({point['timing/ppo_train'] / base['timing/ppo_train']:.2f})",
+            f"{point['timing/generation']:.2f} s",
+            f"{point['timing/step_total']:.2f} s ({point['timing/step_total'] / base['timing/step_total']:.2f})",
+            f"{point['select_time_s'] * 1e3:.1f} ms",
+        ]
+        rows.append("| " + " | ".join(cells) + " |")
+
+    def ratio(point, key):
+        return point[key] / base[key]
+
+    by_label = {p["label"]: p for p in points}
+    token_only = by_label.get("N/G=1, K=0.2")
+    sample_points = [p for p in points[1:] if p["n"] < cost["group"]]
+    kept_fracs = [p["kept_rollouts"] / base["kept_rollouts"] for p in sample_points]
+    make_ratios = [ratio(p, "timing/make_experience") for p in sample_points]
+    train_ratios = [ratio(p, "timing/ppo_train") for p in sample_points]
+    excess = [made - kept for made, kept in zip(make_ratios, kept_fracs)]
+
+    def listing(values):
+        return ", ".join(f"{v:.2f}" for v in values)
+
+    lines = [
+        "## 1. Step cost: experience making and actor update",
+        "",
+        f"Command: `.venv/bin/python {cost['command']}` · machine: {cost['machine']} · date: {cost['date']}.",
+        "",
+        f"Each row is a real `train_ppo_ray` run on the CPU runtime: a randomly initialised Llama "
+        f"({cost['model']['shape']['num_layers']} layers, hidden {cost['model']['shape']['hidden_size']}, vocabulary "
+        f"{cost['model']['vocab']}), {cost['prompts_per_step']} prompts x {cost['group']} rollouts of "
+        f"{base['response_length_mean']:.0f} tokens per step, reference model on (KL coefficient 0.001), learning "
+        "rate 0 so that every step of every run samples from the same policy. D3S rows use cross-group selection "
+        "at a constant (N, K). Times are medians over steps 2-5 (step 1 is warm-up); ratios to GRPO in "
+        "parentheses. \"Experience making\" is OpenRLHF's `timing/make_experience` (reward, selection, actor "
+        "log-prob + entropy and reference forwards); \"actor update\" is `timing/ppo_train` (forward, backward, "
+        "optimizer steps).",
+        "",
+        *rows,
+        "",
+        "![step cost](results/step_cost.png)",
+        "",
+        "**Reading.**",
+        f"- Experience making at kept fractions {listing(kept_fracs)} took {listing(make_ratios)} of GRPO's time: "
+        + (
+            "it scales with the kept rollouts, because selection runs before the log-prob forwards. "
+            if abs(statistics.mean(excess)) <= 0.15
+            else "it does not scale in proportion to the kept rollouts. "
+        )
+        + f"The excess over the kept fraction (mean {statistics.mean(excess):+.2f}) is per-step work that does not "
+        "shrink with selection: reward and advantage bookkeeping, Ray transfers of all rollouts, the selection.",
+        f"- The actor update took {listing(train_ratios)} of GRPO's time for the same points"
+        + (
+            ": it scales with the kept rollouts (fewer micro-batches and optimizer steps)."
+            if abs(statistics.mean(t - k for t, k in zip(train_ratios, kept_fracs))) <= 0.15
+            else ", not in proportion to the kept rollouts."
+        ),
+    ]
+    if token_only is not None:
+        unchanged = all(abs(ratio(token_only, key) - 1) <= 0.1 for key in ("timing/make_experience", "timing/ppo_train"))
+        lines.append(
+            f"- Token selection alone (N = G, K = 0.2: {token_only['pg_tokens'] / base['pg_tokens']:.2f} of the "
+            f"policy-gradient tokens) took {ratio(token_only, 'timing/make_experience'):.2f} (experience making) and "
+            f"{ratio(token_only, 'timing/ppo_train'):.2f} (update) of GRPO's time"
+            + (": it saves no forward or backward compute, as expected." if unchanged else ".")
+            + " The masked tokens still pass through the model (the KL term and GSPO's sequence ratio "
+            "need their log-probs); what the mask changes is which tokens carry gradient signal, i.e. the "
+            "learning signal per step (section 2), not the cost of a step. Its own cost is the entropy over the "
+            "vocabulary in the experience-making forward, included in the figure above."
+        )
+    lines.append(
+        f"- Generation is untouched by D3S ({statistics.mean(p['timing/generation'] for p in points):.1f} s per step "
+        "here at every point): the whole step shrinks less than its trained parts."
+    )
+    return lines
+
+
+def selection_section(selection, cost, parts):
+    """Section 3: the selection's time alone (``selection.json``, bench_selection.py), as a share of a step in the
+    step-cost runs and the study's (``parts``, None if not run), and at the benchmark's largest batch."""
+    rows = {(r["prompts"], r["group"], r["scope"]): r for r in selection["rows"]}
+    big = max((r for r in selection["rows"] if r["scope"] == "cross"), key=lambda r: r["prompts"] * r["group"])
+    step_cost_shares = [p["select_time_s"] / p["timing/step_total"] for p in cost["points"][1:]]
+    study_shares = [
+        float(np.median(run["select_share"]))
+        for analysed in (parts or {}).values()
+        for method, m in analysed["info"].items()
+        if method != "GRPO"
+        for run in m["runs"]
+    ]
+    lines = [
+        "## 3. Selection overhead in context",
+        "",
+        f"Core benchmark (`.venv/bin/python benchmarks/bench_selection.py`, {selection['date']}, "
+        "[RESULTS_selection.md](RESULTS_selection.md)): exact max-variance selection of B x G rollouts, torch's default threads.",
+        "",
+        "| B x G | intra (ms) | cross (ms) |",
+        "|:---|---:|---:|",
+    ]
+    for prompts, group in sorted({(r["prompts"], r["group"]) for r in selection["rows"]}):
+        intra, cross = rows[(prompts, group, "intra")], rows[(prompts, group, "cross")]
+        lines.append(f"| {prompts} x {group} | {intra['ours_ms']:.2f} | {cross['ours_ms']:.2f} |")
+    lines += [
+        "",
+        f"- Inside the pipeline, `d3s/select_time_s` (selection + token mask, as logged) was a median "
+        f"{100 * statistics.median(step_cost_shares):.3f}% of a step in the step-cost runs "
+        f"({cost['prompts_per_step'] * cost['group']} rollouts of {cost['max_new_tokens']} tokens)"
+        + ("." if not study_shares else f" and {100 * statistics.median(study_shares):.2f}% in the study's runs "
+           "(section 2: steps of about a second)."),
+    ]
+    rollouts = big["prompts"] * big["group"]
+    lines.append(
+        f"- At {big['prompts']} prompts x {big['group']} rollouts ({rollouts:,} rollouts) cross-group selection "
+        f"takes {big['ours_ms']:.1f} ms: it would reach 1% of a step only if the whole step (generation of "
+        f"{rollouts // 1000}k responses, forwards, update) took under {big['ours_ms'] * 100 / 1e3:.1f} s."
+    )
+    return lines
+
+
+def memory_section(memory):
+    """Peak extra memory of the log-prob / entropy forwards (bench_memory.py)."""
+    lines = [
+        "## 4. Memory of the log-prob and entropy forward",
+        "",
+        f"Command: `PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_memory.py` ({memory['date']}, "
+        f"{memory['machine']}). Peak extra memory from torch's CPU allocator events (exact, not RSS), in MiB: one "
+        f"sequence of T tokens, A = T/2 action tokens, hidden size {memory['hidden']}, vocabulary {memory['vocab']:,}, "
+        f"fp32 weights. Upstream's log-prob forward holds about twice the fp32 logits; D3S's entropy of the action "
+        "positions reads those logits in place (views, never a copy of the `logits[:, :-1][:, -A:]` slice) and adds "
+        f"the temporaries of one chunk of {memory['chunk_size']} positions at most; `chunked_logprobs_entropy` "
+        "computes the same log-probs and entropy from the final hidden states, one chunk of logits at a time, so its "
+        "peak does not grow with T.",
+        "",
+        "| T | fp32 logits | upstream forward | + D3S entropy | chunked kernel |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for row in memory["rows"]:
+        cells = [row["tokens"], row["logits_fp32_mib"], row["upstream_mib"], row["upstream_tap_mib"], row["chunked_mib"]]
+        lines.append("| " + " | ".join(f"{c:,.0f}" for c in cells) + " |")
+    return lines
+
+
+def forward_section(forward):
+    """Peak memory and time of the actor's forwards on OpenRLHF's Actor (bench_forward.py)."""
+    lines = [
+        "## 5. The actor's forwards without full logits",
+        "",
+        f"Command: `PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_forward.py` ({forward['date']}, "
+        f"{forward['machine']}). OpenRLHF's `Actor` around a randomly initialised model ({forward['model']}); one "
+        f"sequence of T tokens, A = T/2 action tokens. Peak extra memory (MiB, torch's CPU allocator events) and "
+        f"wall time (best of {forward['repeats']}). "
+        "Experience-making forward at a step with K < 1: upstream's log-prob forward; the same plus the entropy of "
+        "its logits (`--d3s.full_logits`); the head-free forward (log-probs and entropy from the hidden states, chunk "
+        "by chunk). Training step (forward and backward of the PG loss): upstream's forward over every position "
+        "(also what runs at K = 1) against the LM head at the ceil(K·A) kept tokens only.",
+        "",
+        "| T | fp32 logits | experience: upstream | + entropy (full logits) | head-free | ratio to upstream |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in forward["rows"]:
+        exp = row["experience"]
+        lines.append(
+            f"| {row['tokens']:,} | {row['logits_fp32_mib']:,.0f} | {exp['upstream']['peak_mib']:,.0f} MiB, "
+            f"{exp['upstream']['seconds']:.2f} s | {exp['full_logits']['peak_mib']:,.0f} MiB, "
+            f"{exp['full_logits']['seconds']:.2f} s | {exp['head_free']['peak_mib']:,.0f} MiB, "
+            f"{exp['head_free']['seconds']:.2f} s | {exp['head_free']['peak_mib'] / exp['upstream']['peak_mib']:.2f}× "
+            f"memory, {exp['head_free']['seconds'] / exp['upstream']['seconds']:.2f}× time |"
+        )
+    kept_names = [name for name in forward["rows"][0]["training"] if name != "upstream"]
+    lines += [
+        "",
+        "| T | training: upstream (K = 1) | " + " | ".join(f"{name}" for name in kept_names) + " |",
+        "|---:|---:|" + "---:|" * len(kept_names),
+    ]
+    for row in forward["rows"]:
+        train = row["training"]
+        base = train["upstream"]
+        cells = [f"{base['peak_mib']:,.0f} MiB, {base['seconds']:.2f} s"]
+        for name in kept_names:
+            cell = train[name]
+            cells.append(
+                f"{cell['peak_mib']:,.0f} MiB ({cell['peak_mib'] / base['peak_mib']:.2f}×), {cell['seconds']:.2f} s "
+                f"({cell['seconds'] / base['seconds']:.2f}×)"
+            )
+        lines.append(f"| {row['tokens']:,} | " + " | ".join(cells) + " |")
+    # the model's shape is recorded in its description only, e.g. "Qwen2-like, vocabulary 151,936, hidden 896, ..."
+    vocab, hidden = re.search(r"vocabulary ([\d,]+), hidden (\d+)", forward["model"]).groups()
+    vocab, hidden = int(vocab.replace(",", "")), int(hidden)
+    lines += [
+        "",
+        "The peaks include what every variant holds alike: the model body's activations and, in the training step, "
+        f"the gradient of the tied {vocab:,} × {hidden} embedding ({vocab * hidden * 4 / MIB:,.0f} MiB fp32), which "
+        "dominates the kept-token peak at short T; the LM head's logits are what changes. At K = 1 there is no token "
+        "mask and upstream's forward runs unchanged, so it is never slower there.",
+    ]
+    return lines
+
+
+def summary(cost, parts, found):
+    """The headline numbers of the sections (``parts``: the analysed study and ``found`` its claims, None if not
+    run)."""
+    base = cost["points"][0]
+    smallest = min(cost["points"][1:], key=lambda p: (p["kept_rollouts"], p["k"]))
+    lines = [
+        "**Summary.**",
+        f"- Step cost ({smallest['label']}, section 1): experience making "
+        f"{smallest['timing/make_experience'] / base['timing/make_experience']:.2f}, actor update "
+        f"{smallest['timing/ppo_train'] / base['timing/ppo_train']:.2f}, whole step "
+        f"{smallest['timing/step_total'] / base['timing/step_total']:.2f} of GRPO's time for "
+        f"{smallest['kept_rollouts'] / base['kept_rollouts']:.2f} of its rollouts.",
+    ]
+    for part, analysed in (parts or {}).items():
+        info = analysed["info"]
+        if "GRPO" not in info:
+            continue
+        grpo = info["GRPO"]
+        others = [m for m in info if m != "GRPO"]
+        lines.append(
+            f"- Study, part `{part}` (section 2): final held-out greedy GRPO {np.mean(grpo['final_greedy']):.3f}, "
+            + ", ".join(f"{m} {np.mean(info[m]['final_greedy']):.3f} (p = {p_text(info[m]['test_vs_grpo'])})" for m in others)
+            + "; trained tokens against GRPO's: "
+            + ", ".join(f"{m} {info[m]['tokens_total'] / grpo['tokens_total']:.2f}" for m in others)
+            + "."
+        )
+    if parts:
+        lines.append(
+            "- The papers' claims at this scale (section 2): "
+            + "; ".join(f"{claim.label}: {claim.verdict}" for claim in found)
+            + "."
+        )
+    shares = [p["select_time_s"] / p["timing/step_total"] for p in cost["points"][1:]]
+    lines.append(f"- Selection (section 3): at most {100 * max(shares):.2f}% of a step in the step-cost runs.")
+    return lines

@@ -1,0 +1,454 @@
+"""The host seam: everything that knows OpenRLHF 0.11.x's command line and arguments, in one place.
+
+Every other module asks this one about the host (``args`` are upstream's hierarchized arguments, e.g.
+``args.rollout.n_samples_per_prompt``): an OpenRLHF release that renames a flag or changes how a group splits its
+forwards is adapted here.
+
+* Command line: upstream builds its parser inline under ``if __name__ == "__main__":`` of
+  ``openrlhf.cli.train_ppo_ray``; :func:`run_upstream_main` runs that block (with ``sys.argv`` set) and is the one
+  way this package enters it: to capture the parser (:func:`upstream_parser`), to get the arguments that
+  upstream's ``train()`` would receive without starting Ray (:func:`upstream_train_args`), or to run it, as
+  shipped or with the D3S classes swapped in. The ``--d3s.*`` flags are split off first (:func:`split_d3s_flags`).
+* Model groups: per-group GPUs (:func:`group_gpus`), effective data-parallel sizes (:func:`data_parallel_size`),
+  the groups that run forwards on the kept rollouts (:func:`kept_forward_groups`) and the placement-group demand
+  (:func:`gpu_demand`).
+* Kept counts: one rule (:func:`kept_rollout_count` over :func:`kept_count_unit`) for training, the LR horizon
+  (:func:`scaled_max_steps`) and the dry run (:func:`validate_against_host`).
+* Travel form: the config rides in the host args as ``args.d3s`` (:func:`config_namespace`,
+  :func:`config_from_args`); the token mask rides in ``experience.info[PG_MASK_KEY]``.
+* Validation against the host flags (:func:`validate_against_host`), before Ray starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import io
+import math
+import runpy
+import sys
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+from d3s_openrlhf.core.advantages import ADVANTAGE_ESTIMATORS
+from d3s_openrlhf.core.batching import kept_unit, legal_kept_count
+from d3s_openrlhf.core.config import FLAG_PREFIX, D3SConfig
+from d3s_openrlhf.integration.seams import swapped_globals
+
+UPSTREAM_MODULE = "openrlhf.cli.train_ppo_ray"
+
+PG_MASK_KEY = "d3s_pg_mask"
+"""``experience.info`` key of the (S, A) bool mask of the tokens that enter the policy-gradient term (written by
+the experience maker in the driver, read by the actor's training step in the workers)."""
+
+
+class D3SValidationError(ValueError):
+    """A D3S configuration that cannot run with the given host flags; the message names the flags to change."""
+
+
+# ── the command line ──
+
+
+class _Stopped(Exception):
+    """Raised from inside upstream's ``__main__`` to stop it at a chosen call, carrying what was captured."""
+
+    def __init__(self, value=None):
+        super().__init__("upstream __main__ stopped")
+        self.value = value
+
+
+def run_upstream_main(host_argv: Sequence[str], *swaps: Tuple[object, Mapping[str, object]]) -> None:
+    """Run ``python -m openrlhf.cli.train_ppo_ray <host_argv>`` in this process, with ``swaps`` (pairs of
+    (module, {global name: replacement})) in place for the duration (see ``seams.swapped_globals``)."""
+    saved = sys.argv
+    sys.argv = [saved[0] if saved else UPSTREAM_MODULE, *host_argv]
+    try:
+        with contextlib.ExitStack() as stack:
+            for owner, replacements in swaps:
+                stack.enter_context(swapped_globals(owner, **replacements))
+            runpy.run_module(UPSTREAM_MODULE, run_name="__main__")
+    finally:
+        sys.argv = saved
+
+
+@functools.lru_cache(maxsize=1)
+def upstream_parser() -> argparse.ArgumentParser:
+    """OpenRLHF's own ``train_ppo_ray`` parser: upstream's ``__main__`` stopped at its ``parse_args`` call (nothing
+    after it, in particular no Ray, runs)."""
+
+    def stop(parser, *args, **kwargs):
+        raise _Stopped(parser)
+
+    original = argparse.ArgumentParser.parse_args
+    argparse.ArgumentParser.parse_args = stop
+    try:
+        run_upstream_main([])
+    except _Stopped as stopped:
+        return stopped.value
+    finally:
+        argparse.ArgumentParser.parse_args = original
+    raise RuntimeError(f"{UPSTREAM_MODULE} did not build an argument parser")
+
+
+def upstream_train_args(host_argv: Sequence[str]):
+    """The (hierarchized) args upstream's ``__main__`` hands to ``train()`` for ``host_argv``, without Ray: its
+    derived values filled in (``--train.dynamic_batch_enable`` forces ``--ds.packing_samples``, ``gae`` adds a
+    critic) and its own assertions run.
+
+    Raises ValueError with upstream's message when one of its checks fails; argparse errors exit as usual.
+    """
+    import openrlhf.utils.config as host_config
+    import ray
+
+    captured = {}
+    hierarchize = host_config.hierarchize
+
+    def capture(args):
+        captured["args"] = hierarchize(args)
+        return captured["args"]
+
+    def stop():  # the first thing upstream's train() does
+        raise _Stopped
+
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            run_upstream_main(host_argv, (host_config, {"hierarchize": capture}), (ray, {"is_initialized": stop}))
+    except _Stopped:
+        return captured["args"]
+    except (AssertionError, TypeError, ValueError) as exc:
+        raise ValueError(f"OpenRLHF's train_ppo_ray rejects these flags: {exc}") from exc
+    raise RuntimeError(f"{UPSTREAM_MODULE} returned without calling train()")
+
+
+def d3s_parser() -> argparse.ArgumentParser:
+    """The parser of the ``--d3s.*`` flags alone (no -h: help is shared with upstream's parser)."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, usage=argparse.SUPPRESS)
+    D3SConfig.add_arguments(parser)
+    return parser
+
+
+def split_d3s_flags(argv: Sequence[str]) -> Tuple[Dict[str, object], List[str]]:
+    """(given ``d3s.<field>`` values, remaining host arguments). Raises D3SValidationError on unknown --d3s.*."""
+    namespace, host_argv = d3s_parser().parse_known_args(list(argv))
+    unknown = [arg for arg in host_argv if arg.startswith("--" + FLAG_PREFIX)]
+    if unknown:
+        raise D3SValidationError(
+            f"unknown D3S flag(s) {', '.join(unknown)}; see the D3S section of --help for the --{FLAG_PREFIX}* flags"
+        )
+    given = {key: value for key, value in vars(namespace).items() if value is not None}
+    return given, host_argv
+
+
+def parse_host_args(host_argv: Sequence[str]):
+    """The host flags as upstream's ``__main__`` sees them right after ``hierarchize`` (before its checks)."""
+    from openrlhf.utils.config import hierarchize
+
+    return hierarchize(upstream_parser().parse_args(list(host_argv)))
+
+
+# ── the config's travel form ──
+
+
+def config_from_args(args) -> Optional[D3SConfig]:
+    """The D3SConfig injected by the entrypoint as ``args.d3s`` (a D3SConfig, a dict or a namespace of its
+    fields), or None (D3S off)."""
+    d3s = getattr(args, "d3s", None)
+    if d3s is None or isinstance(d3s, D3SConfig):
+        return d3s
+    return D3SConfig(**(dict(d3s) if isinstance(d3s, Mapping) else vars(d3s)))
+
+
+def config_namespace(config: D3SConfig) -> SimpleNamespace:
+    """The form in which the config travels inside the host args (``args.d3s``)."""
+    return SimpleNamespace(**config.to_dict())
+
+
+def full_logits_requested(args) -> bool:
+    """Whether ``--d3s.full_logits`` asks for upstream's forwards (False with D3S off)."""
+    config = config_from_args(args)
+    return config is not None and config.full_logits
+
+
+# ── model groups ──
+
+
+def group_flags(group: str) -> str:
+    """The flags that size a model group (``actor``, ``ref``, ``critic``, ``reward``)."""
+    return f"--{group}.num_nodes x --{group}.num_gpus_per_node"
+
+
+def group_gpus(args, group: str) -> int:
+    """GPUs a model group asks for: nodes x GPUs per node."""
+    section = getattr(args, group)
+    return section.num_nodes * section.num_gpus_per_node
+
+
+def data_parallel_size(args, group: str = "actor") -> int:
+    """Effective number of data-parallel ranks of a model group (``actor``, ``ref``, ``critic``, ``reward``), as
+    OpenRLHF's ``RayActorGroup`` splits forwards over them (ring-attention / tensor-parallel copies share a chunk)."""
+    return group_gpus(args, group) // args.ds.ring_attn_size // args.ds.tensor_parallel_size
+
+
+def reward_model_used(args) -> bool:
+    """Whether rewards come from a reward-model forward (no ``--reward.remote_url``, no agent)."""
+    return not (args.reward.remote_url or args.train.agent_func_path)
+
+
+def kept_forward_groups(args) -> Dict[str, int]:
+    """{group: effective data-parallel size} of the model groups that run forwards on the kept rollouts: the actor,
+    the reference model (KL coefficient > 0) and the critic (if any). The reward model runs on all rollouts."""
+    groups = {"actor": data_parallel_size(args)}
+    if args.algo.kl.init_coef > 0:
+        groups["ref"] = data_parallel_size(args, "ref")
+    if args.critic.model_name_or_path:
+        groups["critic"] = data_parallel_size(args, "critic")
+    return groups
+
+
+def gpu_demand(args) -> Optional[Dict[str, int]]:
+    """{model group: GPUs} that ``train_ppo_ray`` reserves in placement groups for these args when no groups are
+    colocated; None with a colocation flag (groups then share GPUs)."""
+    if args.train.colocate_all or args.train.colocate_actor_ref or args.train.colocate_critic_reward:
+        return None
+    demand = {"actor": group_gpus(args, "actor")}
+    if args.algo.kl.init_coef > 0:
+        demand["ref"] = group_gpus(args, "ref")
+    if args.critic.model_name_or_path:
+        demand["critic"] = group_gpus(args, "critic")
+    if not args.reward.remote_url:
+        demand["reward"] = group_gpus(args, "reward")
+    if args.vllm.num_engines:
+        demand["vllm"] = args.vllm.num_engines * args.vllm.tensor_parallel_size
+    return demand
+
+
+# ── kept counts ──
+
+
+def kept_count_unit(args) -> int:
+    """Every kept-rollout count is a multiple of this (see ``d3s_openrlhf.core.batching``).
+
+    Without dynamic batching the kept rollouts reach every forward group as kept / micro_batch_size micro-batches,
+    which ``RayActorGroup`` splits into equal chunks only when their number is a multiple of the group's effective
+    size (ZeRO-3 forwards are collectives: unequal chunks hang), so the unit counts the ranks of every such group.
+    With dynamic batching upstream plans the micro-batches itself (a multiple of the actor's size).
+    """
+    dynamic = bool(args.train.dynamic_batch_enable)
+    forward_ranks = data_parallel_size(args) if dynamic else math.lcm(*kept_forward_groups(args).values())
+    return kept_unit(args.train.batch_size, args.rollout.micro_batch_size, forward_ranks, dynamic)
+
+
+def kept_rollout_count(n: int, num_prompts: int, group_size: int, unit: int) -> int:
+    """Rollouts kept out of ``num_prompts * group_size`` for N = ``n``: N*B rounded up to a multiple of ``unit``.
+
+    A batch whose size is not a multiple of ``unit`` (only the last, partial batch of an epoch can be, the CLI
+    rejects any other) is kept whole, as upstream would train it.
+    """
+    total = num_prompts * group_size
+    if unit > total or total % unit:
+        return total
+    return legal_kept_count(min(n, group_size) * num_prompts, total, unit)
+
+
+def rollout_steps(num_prompts: int, args) -> int:
+    """Rollout (= training) steps of a run over ``num_prompts`` prompts: one per rollout batch, every episode.
+
+    Exact without dynamic filtering; with ``--algo.dynamic_filtering_enable`` filtered prompts make steps
+    consume more prompts, so the run has fewer steps than this (set ``--d3s.schedule_steps`` then).
+    """
+    return max(1, math.ceil(num_prompts / args.rollout.batch_size) * args.train.num_episodes)
+
+
+def scaled_max_steps(args, cfg: D3SConfig, max_steps: int, run_steps: int) -> int:
+    """The LR-scheduler horizon when only the kept rollouts are trained (what the actors are built with).
+
+    Rollout step s trains kept(s) samples in ``kept(s) / train.batch_size`` optimizer steps per epoch (kept(s) is a
+    multiple of train.batch_size), so over the ``run_steps`` = R rollout steps of the run:
+
+        max_steps' = max_epochs * sum_{s=0}^{R-1} kept(s) / train.batch_size
+
+    with kept(s) the experience maker's count at (N, K) = the schedule at step s. Capped at upstream's
+    ``max_steps`` (which counts all B*G rollouts of every step, partial last batches by their size); unchanged
+    with ``max_steps`` <= 0, and without sample selection unless dynamic filtering sets R (below).
+
+    With ``--algo.dynamic_filtering_enable`` the run's number of steps is unknown in advance (filtered prompts are
+    replaced, so steps consume more prompts than ``rollout.batch_size``): R is then ``--d3s.schedule_steps``
+    when set (required by the CLI for a moving schedule), so the LR schedule spans the same steps as (N, K).
+    """
+    if max_steps <= 0:
+        return max_steps
+    if args.algo.dynamic_filtering_enable and cfg.schedule_steps > 0:
+        run_steps = cfg.schedule_steps
+    elif not cfg.samples_enabled:
+        return max_steps
+    schedule = cfg.schedule_for(run_steps)
+    unit = kept_count_unit(args)
+    batch, group = args.rollout.batch_size, args.rollout.n_samples_per_prompt
+    if cfg.samples_enabled:
+        kept_total = sum(kept_rollout_count(schedule.at(step)[0], batch, group, unit) for step in range(run_steps))
+    else:
+        kept_total = run_steps * batch * group
+    return min(max_steps, args.train.max_epochs * kept_total // args.train.batch_size)
+
+
+# ── the loss ──
+
+
+def loss_needs_every_token(args) -> Optional[str]:
+    """The flag whose loss term reads the log-probs (or the distribution) of every response token, not only of
+    the kept ones, or None (the PPO-clip surrogate alone)."""
+    if args.actor.policy_loss_type != "ppo":
+        return f"--actor.policy_loss_type {args.actor.policy_loss_type} (GSPO's sequence ratio needs every token)"
+    if args.algo.kl.use_loss:
+        return "--algo.kl.use_loss (the KL loss needs every token's log-prob)"
+    if args.actor.entropy_coef is not None:
+        return "--actor.entropy_coef (the entropy loss needs every token's distribution)"
+    return None
+
+
+# ── validation against the host flags ──
+
+
+@dataclass(frozen=True)
+class D3SPlan:
+    """What a validated configuration does with the host's batch: the rounding unit and kept counts per N."""
+
+    num_prompts: int
+    group_size: int
+    dp_size: int
+    unit: int
+    kept_by_n: Mapping[int, int] = field(default_factory=dict)
+    notes: Tuple[str, ...] = ()
+
+    @property
+    def total(self) -> int:
+        return self.num_prompts * self.group_size
+
+
+def _host_problems(config: D3SConfig, host_args) -> List[str]:
+    """Host settings that would hang or silently mis-train with any D3S selection (samples or tokens)."""
+    problems = []
+    dp = data_parallel_size(host_args)
+    train_batch = host_args.train.batch_size
+    dynamic = host_args.train.dynamic_batch_enable
+    if dynamic and train_batch % dp:
+        problems.append(
+            f"--train.dynamic_batch_enable with --train.batch_size {train_batch} not a multiple of the actor's "
+            f"data-parallel size {dp}: upstream's replay buffer then drops samples and takes more optimizer steps "
+            "than the LR horizon counts; make --train.batch_size a multiple of the data-parallel size "
+            f"({group_flags('actor')} / --ds.ring_attn_size / --ds.tensor_parallel_size)"
+        )
+    if host_args.algo.dynamic_filtering_enable and config.schedule_moves and config.schedule_steps <= 0:
+        problems.append(
+            "--algo.dynamic_filtering_enable consumes a varying number of prompts per step, so the run's number of "
+            f"steps is not known in advance, but the --d3s.schedule {config.schedule} moves (N {config.n_init} -> "
+            f"{config.n_final}, K {config.k_init} -> {config.k_final}); set --d3s.schedule_steps to the number of "
+            "training steps the schedule (and the LR horizon) should span, or use --d3s.schedule constant"
+        )
+    if not config.samples_enabled:
+        return problems
+
+    # Forwards on the kept rollouts are split over every model group that runs them; under ZeRO-3 each forward
+    # is a collective, so every rank of a group must get the same number (kept_count_unit folds the groups'
+    # sizes in without dynamic batching; with it, upstream plans a multiple of the actor's size).
+    groups = kept_forward_groups(host_args)
+    rm_used = reward_model_used(host_args)
+    if rm_used:
+        groups["reward"] = data_parallel_size(host_args, "reward")
+    for group, size in groups.items():
+        if size < 1:
+            problems.append(
+                f"the {group} model group has an effective data-parallel size of 0 ({group_flags(group)} = "
+                f"{group_gpus(host_args, group)} < --ds.ring_attn_size x --ds.tensor_parallel_size); give it more GPUs"
+            )
+        elif dynamic and dp % size:
+            problems.append(
+                f"--train.dynamic_batch_enable plans experience-making micro-batches in multiples of the actor's "
+                f"data-parallel size {dp}, which the {group} model group's size {size} ({group_flags(group)}) "
+                "does not divide: its ranks would run unequal numbers of forwards (a hang under ZeRO-3); give the "
+                f"{group} group a data-parallel size dividing {dp}, or turn dynamic batching off"
+            )
+    if rm_used and not dynamic and groups["reward"] >= 1:
+        total = host_args.rollout.batch_size * host_args.rollout.n_samples_per_prompt
+        micro_batches = -(-total // host_args.rollout.micro_batch_size)
+        if micro_batches % groups["reward"]:
+            problems.append(
+                f"the reward model scores all {total} rollouts in {micro_batches} micro-batches of "
+                f"--rollout.micro_batch_size {host_args.rollout.micro_batch_size}, which do not split evenly over "
+                f"its {groups['reward']} data-parallel ranks ({group_flags('reward')}): unequal forwards hang "
+                "under ZeRO-3; change --rollout.micro_batch_size or the reward model's GPUs"
+            )
+    return problems
+
+
+def _refuse(problems: List[str]) -> D3SValidationError:
+    return D3SValidationError("D3S cannot run with these flags:\n  " + "\n  ".join(problems))
+
+
+def validate_against_host(config: D3SConfig, host_args) -> D3SPlan:
+    """Check a resolved D3S config against the (hierarchized) host args; raise D3SValidationError or plan."""
+    estimator = host_args.algo.advantage.estimator
+    group_size = host_args.rollout.n_samples_per_prompt
+    num_prompts = host_args.rollout.batch_size
+    dp = data_parallel_size(host_args)
+    problems = _host_problems(config, host_args)
+    if not config.samples_enabled:
+        if problems:
+            raise _refuse(problems)
+        return D3SPlan(num_prompts, group_size, dp, kept_count_unit(host_args))
+
+    if estimator not in ADVANTAGE_ESTIMATORS:
+        problems.append(
+            f"--d3s.sample_rule {config.sample_rule} selects rollouts by group-relative advantages, but "
+            f"--algo.advantage.estimator is {estimator}; use one of {', '.join(ADVANTAGE_ESTIMATORS)}, or "
+            "--d3s.sample_rule none (token selection alone works with any estimator)"
+        )
+    if group_size <= 1:
+        problems.append(
+            f"--rollout.n_samples_per_prompt {group_size}: sample selection needs groups of at least 2 rollouts "
+            "per prompt (PODS n); raise --rollout.n_samples_per_prompt"
+        )
+    elif group_size < config.max_n:
+        problems.append(
+            f"--rollout.n_samples_per_prompt {group_size} is below max(N) = {config.max_n} of the schedule: "
+            f"raise --rollout.n_samples_per_prompt to at least {config.max_n} or lower --d3s.n_init/--d3s.n_final "
+            f"(now {config.n_init}/{config.n_final})"
+        )
+    sizes = kept_forward_groups(host_args)
+    if any(size < 1 for size in sizes.values()):  # no unit exists
+        raise _refuse(problems)
+
+    unit = kept_count_unit(host_args)
+    total = num_prompts * group_size
+    if host_args.train.dynamic_batch_enable:
+        unit_text = f"lcm(--train.batch_size {host_args.train.batch_size}, data-parallel size {dp})"
+    else:
+        ranks = " and ".join(f"{group} {size}" for group, size in sizes.items())
+        unit_text = (
+            f"lcm(--train.batch_size {host_args.train.batch_size}, --rollout.micro_batch_size "
+            f"{host_args.rollout.micro_batch_size} x lcm of the data-parallel sizes of the groups that run forwards "
+            f"on the kept rollouts: {ranks})"
+        )
+    if total % unit:
+        problems.append(
+            f"the rollout batch of --rollout.batch_size {num_prompts} x --rollout.n_samples_per_prompt {group_size} "
+            f"= {total} rollouts is not a multiple of {unit} = {unit_text}, so kept counts cannot be split evenly "
+            "over the data-parallel ranks and micro-batches; change --rollout.batch_size, "
+            "--rollout.n_samples_per_prompt, --train.batch_size, --rollout.micro_batch_size or "
+            + ", ".join(f"--{group}.num_nodes/--{group}.num_gpus_per_node" for group in sizes)
+            + " (data-parallel size = nodes x GPUs / --ds.ring_attn_size / --ds.tensor_parallel_size)"
+        )
+    if problems:
+        raise _refuse(problems)
+
+    kept_by_n = {n: kept_rollout_count(n, num_prompts, group_size, unit) for n in config.n_values}
+    notes = []
+    if all(kept == total for kept in kept_by_n.values()):
+        notes.append(
+            f"every N of the schedule rounds up to all {total} rollouts (unit {unit} = {unit_text}): sample "
+            "selection never drops a rollout; lower --train.batch_size or --rollout.micro_batch_size, or raise "
+            "--rollout.batch_size"
+        )
+    return D3SPlan(num_prompts, group_size, dp, unit, kept_by_n, tuple(notes))

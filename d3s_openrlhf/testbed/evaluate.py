@@ -1,0 +1,54 @@
+"""Held-out evaluation of a checkpoint under a task's reward, with transformers' ``generate`` (no Ray, no vLLM)."""
+
+import json
+
+from d3s_openrlhf import tasks
+
+
+def heldout_accuracy(model_path, heldout_path, samples=8, seed=0, task=tasks.DEFAULT_TASK, max_new_tokens=4):
+    """Held-out accuracy under ``task``'s reward: greedy, and sampled at temperature 1 (as in training); with
+    ``entropy``, the mean per-token entropy (nats) of the policy over the sampled response tokens."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    module = tasks.load_task(task)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    with open(heldout_path) as f:
+        rows = [json.loads(line) for line in f]
+    prompts = [row["input"] for row in rows]
+    batch = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    width = batch["input_ids"].shape[1]
+
+    def evaluate(do_sample, repeats):
+        torch.manual_seed(seed)
+        inputs = {key: value.repeat(repeats, 1) for key, value in batch.items()}
+        with torch.no_grad():
+            output = model.generate(
+                **inputs,
+                max_new_tokens=max_new_tokens,
+                do_sample=do_sample,
+                temperature=1.0 if do_sample else None,
+                top_k=0 if do_sample else None,
+                top_p=1.0 if do_sample else None,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+                return_dict_in_generate=True,
+                output_logits=True,
+            )
+        responses = output.sequences[:, width:]
+        texts = tokenizer.batch_decode(responses, skip_special_tokens=False)
+        labels = [row["label"] for row in rows] * repeats
+        accuracy = sum(tasks.score(module, tasks.response_of(text, ""), label) for text, label in zip(texts, labels))
+        accuracy /= len(texts)
+        # (R, T) entropy of each generated position; positions after the EOS token are padding
+        log_probs = torch.stack(output.logits, dim=1).float().log_softmax(-1)
+        entropy = -(log_probs.exp() * log_probs).sum(-1)
+        is_eos = responses == tokenizer.eos_token_id
+        generated = (is_eos.long().cumsum(-1) - is_eos.long()) == 0
+        return accuracy, float((entropy * generated).sum() / generated.sum())
+
+    greedy, _ = evaluate(False, 1)
+    sampled, entropy = evaluate(True, samples)
+    return {"greedy": greedy, "sampled": sampled, "entropy": entropy}

@@ -1,0 +1,213 @@
+"""The host seam (``d3s_openrlhf.integration.host``): OpenRLHF's arguments read in one place: the config's
+travel form, model-group sizes and GPU demand, the kept-count unit and counts (one rule for training, the LR
+horizon and the dry run), the loss terms that need every token, and upstream's ``__main__`` entered without Ray.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from d3s_openrlhf.core.config import D3SConfig
+from d3s_openrlhf.integration import host
+from d3s_openrlhf.integration.host import (
+    config_from_args,
+    kept_count_unit,
+    kept_rollout_count,
+    rollout_steps,
+    scaled_max_steps,
+)
+
+# ── the config in the host args ──
+
+
+def test_d3s_config_is_read_from_a_config_dict_or_namespace():
+    cfg = D3SConfig.from_flags({"preset": "d3s"})
+    assert config_from_args(SimpleNamespace(d3s=cfg)) is cfg
+    assert config_from_args(SimpleNamespace(d3s=cfg.to_dict())) == cfg
+    assert config_from_args(SimpleNamespace(d3s=SimpleNamespace(**cfg.to_dict()))) == cfg
+    assert config_from_args(SimpleNamespace()) is None
+    assert config_from_args(SimpleNamespace(d3s=None)) is None
+    with pytest.raises(ValueError, match="k_init"):
+        config_from_args(SimpleNamespace(d3s={**cfg.to_dict(), "k_init": 0.0}))
+
+
+# ── kept counts ──
+
+
+def test_kept_count_rounding_rule():
+    assert kept_rollout_count(2, 4, 8, 6) == 32  # a batch of 32 is no multiple of 6 (partial batch): kept whole
+    assert kept_rollout_count(2, 3, 4, 4) == 8  # 6 -> 8
+    assert kept_rollout_count(1, 3, 4, 4) == 4  # 3 -> 4
+    assert kept_rollout_count(4, 3, 4, 4) == 12
+    assert kept_rollout_count(9, 3, 4, 4) == 12  # N above G keeps everything
+    assert kept_rollout_count(1, 1, 4, 8) == 4  # a partial last batch smaller than the unit is kept whole
+
+
+# ── the LR-scheduler horizon (get_max_steps) ──
+
+
+def horizon_args(**overrides):
+    args = SimpleNamespace(
+        rollout=SimpleNamespace(batch_size=4, n_samples_per_prompt=8, micro_batch_size=1),
+        train=SimpleNamespace(batch_size=8, max_epochs=2, dynamic_batch_enable=False),
+        actor=SimpleNamespace(num_nodes=1, num_gpus_per_node=2),
+        ds=SimpleNamespace(ring_attn_size=1, tensor_parallel_size=1),
+        algo=SimpleNamespace(kl=SimpleNamespace(init_coef=0.0), dynamic_filtering_enable=False),
+        ref=SimpleNamespace(num_nodes=1, num_gpus_per_node=1),
+        critic=SimpleNamespace(model_name_or_path=None, num_nodes=1, num_gpus_per_node=1),
+    )
+    for key, value in overrides.items():
+        *path, name = key.split("__")
+        target = args
+        for part in path:
+            target = getattr(target, part)
+        setattr(target, name, value)
+    return args
+
+
+def test_max_steps_is_the_optimizer_steps_of_the_kept_rollouts():
+    args = horizon_args()
+    # upstream: 4 rollout steps x (4 prompts x 8 samples / 8 per optimizer step) x 2 epochs
+    max_steps = 4 * (4 * 8 // 8) * 2
+    cfg = D3SConfig(sample_rule="max_var", n_init=2, n_final=6, schedule="linear")
+    # N over the 4 steps: 2, 3, 4, 5 -> N * B = 8, 12, 16, 20 -> multiples of lcm(8, 1 * 2) = 8: 8, 16, 16, 24;
+    # 2 epochs x (8 + 16 + 16 + 24) / 8 = 16 optimizer steps
+    assert scaled_max_steps(args, cfg, max_steps, 4) == 16
+    # the exact step count matters: 10 prompts, B = 4, 3 episodes = 9 rollout steps (partial batches included),
+    # while upstream's horizon floor(10 * 8 / 8) * 3 * 2 = 60 corresponds to 7.5 full ones
+    schedule = cfg.schedule_for(9)
+    kept = [max(8, -(-schedule.at(step)[0] * 4 // 8) * 8) for step in range(9)]
+    assert scaled_max_steps(args, cfg, 60, 9) == min(60, 2 * sum(kept) // 8)
+
+
+def test_max_steps_uses_schedule_steps_and_the_dynamic_batch_unit():
+    args = horizon_args(train__dynamic_batch_enable=True, actor__num_gpus_per_node=4)
+    max_steps = 4 * 4 * 2
+    # schedule over 2 steps: N = 2, 4, then 6, 6 (p clipped at 1); unit lcm(8, 4) = 8: 8, 16, 24, 24
+    cfg = D3SConfig(sample_rule="max_var", n_init=2, n_final=6, schedule="linear", schedule_steps=2)
+    assert scaled_max_steps(args, cfg, max_steps, 4) == 2 * (8 + 16 + 24 + 24) // 8
+
+
+def test_max_steps_with_a_constant_fraction_and_without_sample_selection():
+    args = horizon_args(rollout__n_samples_per_prompt=16, train__batch_size=16)
+    max_steps = 10 * (4 * 16 // 16) * 2
+    pods = D3SConfig.from_flags({"preset": "pods", "n_init": 4, "n_final": 4})  # keeps 4 of 16 = 1/4 each step
+    assert scaled_max_steps(args, pods, max_steps, 10) == max_steps // 4
+    tokens_only = D3SConfig(sample_rule="none", k_init=0.1, k_final=0.3)
+    assert scaled_max_steps(args, tokens_only, max_steps, 10) == max_steps
+    # never above upstream's horizon, and 0 stays 0
+    assert scaled_max_steps(args, pods, 1, 10) == 1
+    assert scaled_max_steps(args, pods, 0, 10) == 0
+
+
+def test_max_steps_with_dynamic_filtering_spans_the_schedule_steps():
+    args = horizon_args(algo__dynamic_filtering_enable=True)
+    # upstream's horizon over-counts under filtering (10 steps estimated); the schedule is set to span 3
+    max_steps = 10 * (4 * 8 // 8) * 2
+    cfg = D3SConfig(sample_rule="max_var", n_init=2, n_final=6, schedule="linear", schedule_steps=3)
+    schedule = cfg.schedule_for(3)
+    kept = [-(-schedule.at(step)[0] * 4 // 8) * 8 for step in range(3)]
+    assert scaled_max_steps(args, cfg, max_steps, 10) == 2 * sum(kept) // 8
+    # token selection alone: the same 3 steps of all B * G rollouts
+    tokens_only = D3SConfig(sample_rule="none", k_init=0.1, k_final=0.3, schedule_steps=3)
+    assert scaled_max_steps(args, tokens_only, max_steps, 10) == 3 * (4 * 8 // 8) * 2
+    # without schedule_steps upstream's estimate stays (the CLI refuses a moving schedule then)
+    assert scaled_max_steps(args, D3SConfig(sample_rule="none", k_init=0.1, k_final=0.3), max_steps, 10) == max_steps
+
+
+def test_kept_count_unit_counts_every_group_that_runs_forwards_on_the_kept_rollouts():
+    # actor 2 ranks, micro-batch 1, train batch 8: lcm(8, 1 x 2) = 8
+    assert kept_count_unit(horizon_args()) == 8
+    # a reference model on 3 ranks: kept / 1 micro-batches must split over 2 and 3 ranks: lcm(8, 6) = 24
+    args = horizon_args(algo__kl__init_coef=0.01, ref__num_gpus_per_node=3)
+    assert kept_count_unit(args) == 24
+    # a critic on 4 ranks and micro-batches of 2: lcm(8, 2 x lcm(2, 4)) = 8
+    args = horizon_args(critic__model_name_or_path="critic", critic__num_gpus_per_node=4, rollout__micro_batch_size=2)
+    assert kept_count_unit(args) == 8
+    # with a KL coefficient of 0 the reference model does not exist
+    assert kept_count_unit(horizon_args(ref__num_gpus_per_node=3)) == 8
+
+
+def test_rollout_steps_horizon():
+    args = horizon_args(rollout__batch_size=4, train__num_episodes=2)
+    assert rollout_steps(10, args) == 6  # ceil(10 / 4) batches per episode, 2 episodes
+    assert rollout_steps(8, args) == 4
+
+
+def test_the_dry_run_plans_the_kept_counts_training_uses():
+    flags = ["--rollout.batch_size", "6", "--rollout.n_samples_per_prompt", "8", "--rollout.micro_batch_size", "2"]
+    flags += ["--train.batch_size", "12", "--actor.num_gpus_per_node", "2", "--algo.kl.init_coef", "0"]
+    args = host.parse_host_args([*flags, "--algo.advantage.estimator", "group_norm", "--reward.remote_url", "r.py"])
+    config = D3SConfig.from_flags({"preset": "d3s", "n_init": 1, "n_final": 8})
+    plan = host.validate_against_host(config, args)
+    unit = kept_count_unit(args)
+    assert plan.unit == unit == 12
+    assert dict(plan.kept_by_n) == {n: kept_rollout_count(n, 6, 8, unit) for n in range(1, 9)}
+    assert plan.kept_by_n[1] == 12 and plan.kept_by_n[8] == 48
+
+
+# ── model groups ──
+
+GROUPS = ["--actor.num_gpus_per_node", "2", "--reward.remote_url", "reward.py", "--algo.kl.init_coef", "0.01"]  # fmt: skip
+
+
+def test_gpu_demand_counts_the_groups_upstream_places():
+    flags = [*GROUPS, "--ref.num_gpus_per_node", "2"]
+    assert host.gpu_demand(host.parse_host_args([*flags, "--vllm.num_engines", "2"])) == {
+        "actor": 2,
+        "ref": 2,
+        "vllm": 2,
+    }
+    # the reward model, and no reference model without a KL term; upstream's default reward group is 8 GPUs
+    args = host.parse_host_args(["--actor.num_gpus_per_node", "2", "--algo.kl.init_coef", "0"])
+    assert host.gpu_demand(args) == {"actor": 2, "reward": 8}
+    assert host.gpu_demand(host.parse_host_args([*flags, "--train.colocate_actor_ref"])) is None
+
+
+def test_data_parallel_sizes_share_ring_and_tensor_parallel_ranks():
+    args = host.parse_host_args([*GROUPS, "--actor.num_nodes", "2", "--actor.num_gpus_per_node", "4"])
+    assert host.group_gpus(args, "actor") == 8 and host.data_parallel_size(args) == 8
+    args.ds.ring_attn_size, args.ds.tensor_parallel_size = 2, 2
+    assert host.data_parallel_size(args) == 2
+    assert host.kept_forward_groups(args) == {"actor": 2, "ref": 2}  # upstream's default ref group: 8 GPUs
+
+
+# ── the loss ──
+
+
+@pytest.mark.parametrize(
+    "flags, needs",
+    [
+        ([], None),
+        (["--actor.policy_loss_type", "gspo"], "--actor.policy_loss_type gspo"),
+        (["--algo.kl.use_loss"], "--algo.kl.use_loss"),
+        (["--actor.entropy_coef", "0.01"], "--actor.entropy_coef"),
+    ],
+)
+def test_loss_terms_that_read_every_token(flags, needs):
+    reason = host.loss_needs_every_token(host.parse_host_args(flags))
+    assert reason is None if needs is None else reason.startswith(needs)
+
+
+# ── upstream's __main__ ──
+
+
+def test_upstream_train_args_fill_in_upstreams_derived_values_without_ray():
+    import ray
+
+    flags = ["--algo.advantage.estimator", "group_norm", "--rollout.n_samples_per_prompt", "2"]
+    flags += ["--reward.remote_url", "r.py", "--vllm.num_engines", "1"]
+    args = host.upstream_train_args([*flags, "--train.dynamic_batch_enable"])
+    assert args.ds.packing_samples and args.ds.attn_implementation == "flash_attention_2"
+    assert not ray.is_initialized()
+    with pytest.raises(ValueError, match="rejects these flags"):
+        host.upstream_train_args([*flags, "--train.partial_rollout_enable"])
+
+
+def test_split_d3s_flags():
+    given, host_argv = host.split_d3s_flags(["--d3s.preset", "d3s", "--train.batch_size", "8"])
+    assert given == {"d3s.preset": "d3s"} and host_argv == ["--train.batch_size", "8"]
+    with pytest.raises(host.D3SValidationError, match="--d3s.nope"):
+        host.split_d3s_flags(["--d3s.nope", "1"])
