@@ -88,6 +88,15 @@ PARTS = {
         "D3S-I": (G, ["--d3s.preset", "d3s-i", *_n(4, 12), "--d3s.k_init", 0.2, "--d3s.k_final", 0.5]),
     },
 }
+SKIP_EPOCHS = 7  # the skip part: passes over the same RL prompts (history needs prompts that recur)
+SKIP = ["--d3s.prompt_skip", "history"]
+PARTS["skip"] = {
+    "GRPO": PARTS["d3s"]["GRPO"],
+    "GRPO+skip": (G, PARTS["d3s"]["GRPO"][1] + SKIP),
+    "D3S": PARTS["d3s"]["D3S"],
+    "D3S+skip": (G, PARTS["d3s"]["D3S"][1] + SKIP),
+}
+RESULTS_FILES = {"pods": "learning_study.json", "d3s": "learning_study.json", "skip": "prompt_skip.json"}
 KEYS = (
     "rollout/reward_mean",
     "rollout/response_length_mean",
@@ -100,6 +109,9 @@ KEYS = (
     "d3s/zero_var_groups",
     "d3s/entropy_all",
     "d3s/select_time_s",
+    "d3s/skipped_prompts",
+    "d3s/skip_prob",
+    "d3s/generated_tokens",
     "timing/generation",
     "timing/make_experience",
     "timing/ppo_train",
@@ -110,9 +122,14 @@ CHECKPOINT = re.compile(r"global_step(\d+)_hf$")
 
 
 def rl_config(prepared, part, method, seed, steps, eval_every, prompts=PROMPTS, fp32=True):
+    """The run's configuration; ``steps`` per pass over the prompts, ``SKIP_EPOCHS`` passes in the skip part (the
+    D3S schedule then spans the passes without skipping: --d3s.schedule_steps, which prompt skipping needs)."""
     group, flags = PARTS[part][method]
-    config = pipeline.demo_rl_config(pipeline.TaskConfig(), episodes=1, prepared=prepared)
+    epochs = SKIP_EPOCHS if part == "skip" else 1
+    config = pipeline.demo_rl_config(pipeline.TaskConfig(), episodes=epochs, prepared=prepared)
     extra = list(flags)
+    if part == "skip" and method.startswith("D3S"):
+        extra += ["--d3s.schedule_steps", steps * epochs]
     if eval_every:
         extra += ["--ckpt.save_steps", eval_every, "--ckpt.save_hf", "--ckpt.disable_ds"]
     return dataclasses.replace(
@@ -165,10 +182,18 @@ def main(argv=None):
     parser.add_argument("--task", default=DEFAULT_TASK, help="task module (import path or .py file)")
     parser.add_argument("--out", default=str(HERE / "results"), help="results directory")
     parser.add_argument("--workdir", default=None, help="scratch directory (default: OUT/learning_runs)")
-    parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=list(PARTS))
+    parser.add_argument(
+        "--parts", nargs="+", default=["pods", "d3s"], choices=list(PARTS), help="default: pods d3s; skip runs alone"
+    )
     parser.add_argument("--methods", nargs="+", default=None, help="only these methods (names as in PARTS)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=100, help="RL steps per run (8 prompts each)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help=f"RL steps per run (8 prompts each; default 100); in the skip part per pass over the prompts, "
+        f"{SKIP_EPOCHS} passes (default 24: 192 prompts, 168 steps without skipping)",
+    )
     parser.add_argument("--eval-every", type=int, default=20, help="held-out evaluation every this many steps")
     parser.add_argument("--eval-samples", type=int, default=4, help="sampled responses per held-out prompt")
     parser.add_argument("--prompts", type=int, default=PROMPTS, help="prompts per RL step")
@@ -189,7 +214,10 @@ def main(argv=None):
     options = parser.parse_args(argv)
     out = os.path.abspath(options.out)
     workdir = os.path.abspath(options.workdir or os.path.join(out, "learning_runs"))
-    results_path = os.path.join(out, "learning_study.json")
+    files = {RESULTS_FILES[part] for part in options.parts}
+    if len(files) > 1:
+        raise SystemExit("run the skip part alone (--parts skip): it has its own results file, prompt_skip.json")
+    results_path = os.path.join(out, files.pop())
     document = load(results_path) or {}
     recorded = {"quick": False, **document} if document else {}  # results from before the key are a full study
     for key, value in (("task", options.task), ("precision", options.precision), ("quick", options.quick)):
@@ -201,6 +229,8 @@ def main(argv=None):
     if options.quick:
         overrides = dict(n_sft=64, n_prompts=3 * options.prompts, n_heldout=16, sft_epochs=1)
         options.seeds, options.steps, options.eval_every, options.eval_samples = [0], 3, 2, 2
+    if options.steps is None:
+        options.steps = 24 if options.parts == ["skip"] else 100
     task_config = pipeline.task_config(options.task, **overrides)
     if options.prompts * options.steps > task_config.n_prompts:
         raise SystemExit(
@@ -237,6 +267,8 @@ def main(argv=None):
         task_config=dataclasses.asdict(task_config),
         machine=f"{cpu_model()}, {os.cpu_count()} CPUs",
         prompts_per_step=options.prompts,
+        steps=options.steps,
+        epochs=SKIP_EPOCHS if options.parts == ["skip"] else 1,
         eval_every=options.eval_every,
         eval_samples=options.eval_samples,
     )
@@ -261,9 +293,14 @@ def main(argv=None):
                 )
     print(f"wrote {results_path} ({time.time() - started:.0f}s)")
     if not options.no_report:
-        from report import study_main
+        if options.parts == ["skip"]:
+            from reporting.prompt_skip import skip_main
 
-        study_main(results_path, os.path.join(out, "learning_study.md"))
+            skip_main(results_path, os.path.join(out, "prompt_skip.md"))
+        else:
+            from report import study_main
+
+            study_main(results_path, os.path.join(out, "learning_study.md"))
     return results_path
 
 

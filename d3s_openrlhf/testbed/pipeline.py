@@ -163,10 +163,18 @@ def write_task_files(directory, config):
         split: tasks.examples(task, split, n, config.seed)
         for split, n in (("sft", config.n_sft), ("rl", config.n_prompts), ("heldout", config.n_heldout))
     }
-    prompts = {split: {row["prompt"] for row in rows} for split, rows in splits.items()}
-    for a, b in (("sft", "rl"), ("sft", "heldout"), ("rl", "heldout")):
-        if prompts[a] & prompts[b]:
-            raise ValueError(f"{config.task}: the {a} and {b} splits share prompts, e.g. {min(prompts[a] & prompts[b])!r}")
+    # SFT and RL on the same prompts is ordinary practice; a held-out prompt seen in training is leakage: dropped
+    trained = {row["prompt"] for split in ("sft", "rl") for row in splits[split]}
+    leaked = [row for row in splits["heldout"] if row["prompt"] in trained]
+    if leaked:
+        splits["heldout"] = [row for row in splits["heldout"] if row["prompt"] not in trained]
+        print(
+            f"[d3s task] {config.task}: dropped {len(leaked)} of {config.n_heldout} held-out prompts that also appear "
+            f"in the sft or rl split (e.g. {leaked[0]['prompt']!r}); {len(splits['heldout'])} are evaluated",
+            file=sys.stderr,
+        )
+        if not splits["heldout"] and config.n_heldout:
+            raise ValueError(f"{config.task}: every held-out prompt also appears in the sft or rl split")
     rows = [row for split in splits.values() for row in split]
     characters = sorted({ch for row in rows for key in ("prompt", "sft_response") for ch in row[key]})
     if hasattr(task, "CHARACTERS"):  # the task's own vocabulary order (the addition task: the historical one)

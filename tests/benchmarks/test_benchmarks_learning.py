@@ -280,3 +280,57 @@ def test_a_wall_time_ratio_within_the_machines_drift_is_not_resolved():
     lines = claim_lines(document)
     assert "varied by up to 43%" in lines[0]
     assert any('"2.04x faster than GRPO": **not resolved at this scale**' in line and "1.90x" in line for line in lines)
+
+
+# -- the prompt-skip part (prompt_skip.json): the section and its verdict ------------------------------------------
+def synthetic_skip_study(d3s_skip_curve, d3s_skip_time=0.4, skipped=4.0):
+    def seeds(curve, step_time=1.0, skip=0.0, samples=128):
+        runs = {}
+        for k in range(3):
+            run = synthetic_run([g + 0.01 * k for g in curve], 1.0, 100.0, step_time)
+            run.update(process_seconds=60.0, eval_seconds=5.0)
+            for step in run["steps"]:
+                step["rollout/num_samples"] = samples
+                if skip:
+                    step["d3s/skipped_prompts"] = skip
+            runs[str(k)] = run
+        return runs
+
+    return {
+        "task": "synthetic",
+        "machine": "test",
+        "prompts_per_step": 8,
+        "steps": 4,
+        "epochs": 2,
+        "eval_every": 2,
+        "sft_heldout": {"greedy": 0.2, "sampled": 0.2},
+        "sft_seconds": 10.0,
+        "results": {
+            "skip": {
+                "GRPO": seeds([0.4, 0.6]),  # final 0.61 at step 4: 4 s, 4 x 128 x 20 tokens
+                "GRPO+skip": seeds([0.4, 0.6], step_time=0.7, skip=2.0, samples=96),
+                "D3S": seeds([0.5, 0.62], step_time=0.8),
+                "D3S+skip": seeds(d3s_skip_curve, step_time=d3s_skip_time, skip=skipped, samples=64),
+            }
+        },
+    }
+
+
+def test_the_skip_section_and_its_verdict(tmp_path):
+    from reporting import prompt_skip
+
+    met = synthetic_skip_study([0.62, 0.66])  # GRPO's final at step 2: 0.8 s, 2 x 64 x 20 tokens
+    path = tmp_path / "prompt_skip.json"
+    path.write_text(json.dumps(met))
+    text = "\n".join(prompt_skip.skip_section(path, 6))
+    assert "**Met**: D3S + skip reached GRPO's final held-out greedy accuracy (0.610) with 0.25x" in text
+    assert "and 0.20x its wall time" in text
+    target, info = prompt_skip.skip_analysis(met)
+    assert info["D3S+skip"]["skip_thirds"] == [0.5] * 3  # 4 skipped of 4 + 64 / 16 = 8 prompts drawn
+    assert info["GRPO"]["skip_thirds"] == [0.0] * 3
+    slow = synthetic_skip_study([0.62, 0.66], d3s_skip_time=2.0)
+    assert "**Not met**" in prompt_skip.verdict(prompt_skip.skip_analysis(slow)[1])
+    never = synthetic_skip_study([0.3, 0.35])
+    assert "never reached" in prompt_skip.verdict(prompt_skip.skip_analysis(never)[1])
+    written = prompt_skip.skip_main(path, tmp_path / "skip.md")
+    assert Path(written).read_text().startswith("# Prompt skipping before generation on `synthetic`")

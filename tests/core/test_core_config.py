@@ -95,6 +95,15 @@ BAD_VALUES = [
     ("seed", -5, "int >= 0"),
     ("full_logits", 1, "bool"),
     ("dry_run", "yes", "bool"),
+    ("prompt_skip", "always", "one of off, history"),
+    ("skip_window", 0, "int >= 1"),
+    ("skip_window", 1.5, "int >= 1"),
+    ("skip_target", 1.0, r"in \[0, 1\)"),
+    ("skip_target", float("nan"), r"in \[0, 1\)"),
+    ("skip_max_prob", 1.0, r"in \[0, 1\)"),
+    ("skip_init_prob", -0.5, r"in \[0, 1\]"),
+    ("skip_rate", 0.0, "> 0"),
+    ("skip_rate", True, "> 0"),
 ]
 
 

@@ -128,6 +128,23 @@ def test_packing_and_dynamic_batching_force_the_attention_the_stand_in_serves():
     assert args.ds.packing_samples and args.ds.attn_implementation == "flash_attention_2"
 
 
+@pytest.mark.parametrize("head_dim, refused", [(16, True), (32, False)])
+def test_a_head_dimension_vllm_cpu_cannot_serve_is_refused_before_ray(tmp_path, head_dim, refused):
+    from d3s_openrlhf.testbed import toy
+
+    shape = toy.ModelShape(hidden_size=4 * head_dim, num_heads=4, head_dim=head_dim, intermediate_size=64)
+    model = toy.save_model_and_tokenizer(str(tmp_path / "model"), shape)
+    argv = [*GPU_STYLE, *ENGINE, "--actor.model_name_or_path", model]
+    if not refused:
+        assert preflight.prepare(argv) == argv
+        return
+    with pytest.raises(ValueError) as error:
+        preflight.prepare(argv)
+    assert "its attention head dimension is 16 (hidden size 64, 4 heads)" in str(error.value)
+    assert "it serves 32, 64, 80" in str(error.value)
+    assert not ray.is_initialized()
+
+
 def test_a_cluster_given_by_address_is_not_counted():
     preflight.prepare([*GPU_STYLE, *ENGINE, "--ref.num_gpus_per_node", "8"], num_gpus=None)
 

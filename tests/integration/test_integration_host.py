@@ -211,3 +211,38 @@ def test_split_d3s_flags():
     assert given == {"d3s.preset": "d3s"} and host_argv == ["--train.batch_size", "8"]
     with pytest.raises(host.D3SValidationError, match="--d3s.nope"):
         host.split_d3s_flags(["--d3s.nope", "1"])
+
+
+# ── prompt skipping (the run's steps are then unknown in advance) ──
+
+SKIP_HOST = ["--algo.advantage.estimator", "group_norm", "--rollout.batch_size", "8"]
+SKIP_HOST += ["--rollout.n_samples_per_prompt", "8", "--train.batch_size", "16", "--algo.kl.init_coef", "0"]
+
+
+def skip_problems(*flags, **d3s):
+    config = D3SConfig.from_flags({"preset": "grpo", "prompt_skip": "history", **d3s})
+    try:
+        host.validate_against_host(config, host.parse_host_args([*SKIP_HOST, *flags]))
+    except host.D3SValidationError as error:
+        return str(error)
+    return ""
+
+
+def test_prompt_skip_is_refused_where_it_cannot_learn_before_ray():
+    assert skip_problems("--reward.remote_url", "r.py") == ""
+    assert skip_problems("--train.agent_func_path", "agent.py") == ""
+    assert "give rewards at generation time" in skip_problems("--reward.model_name_or_path", "rm")
+    one = skip_problems("--reward.remote_url", "r.py", "--rollout.n_samples_per_prompt", "1")
+    assert "--rollout.n_samples_per_prompt is 1" in one
+
+
+def test_prompt_skip_with_a_moving_schedule_needs_schedule_steps():
+    moving = dict(preset="d3s", n_init=2, n_final=8)
+    assert "set --d3s.schedule_steps" in skip_problems("--reward.remote_url", "r.py", **moving)
+    assert skip_problems("--reward.remote_url", "r.py", schedule_steps=50, **moving) == ""
+    config = D3SConfig.from_flags({"prompt_skip": "history", "schedule_steps": 3, **moving})
+    args = horizon_args()
+    args.algo.dynamic_filtering_enable = False
+    assert host.steps_unknown_in_advance(args, config) == "--d3s.prompt_skip history"
+    kept = [-(-config.schedule_for(3).at(step)[0] * 4 // 8) * 8 for step in range(3)]
+    assert scaled_max_steps(args, config, 1000, 10) == 2 * sum(kept) // 8  # the LR horizon spans schedule_steps

@@ -1,6 +1,7 @@
 """Tasks as plug-ins (d3s_openrlhf.tasks): loading by import path and by file, the contract checks, the task files
 and tokenizer built from a module, and the generated reward file as OpenRLHF's workers load it."""
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -91,10 +92,17 @@ def test_task_config_keys_are_checked(tmp_path):
         pipeline.task_config(str(typo))
 
 
-def test_overlapping_splits_are_refused(tmp_path):
+def test_sft_and_rl_may_share_prompts_a_leaked_held_out_prompt_is_dropped(tmp_path, capsys):
+    # every split draws from the same seeded words: SFT and RL share them (allowed), and so does held-out (leakage)
     same = write_module(tmp_path, "same", REVERSE_TASK.replace('{"sft": 0, "rl": 1, "heldout": 2}[split]', "0"))
-    with pytest.raises(ValueError, match="share prompts"):
-        pipeline.write_task_files(str(tmp_path / "data"), pipeline.TaskConfig(task=str(same), n_sft=4, n_prompts=4, n_heldout=4))
+    config = pipeline.TaskConfig(task=str(same), n_sft=4, n_prompts=4, n_heldout=6)
+    files, *_ = pipeline.write_task_files(str(tmp_path / "data"), config)
+    prompts = {name: [json.loads(line)["input"] for line in open(path)] for name, path in files.__dict__.items()}
+    assert prompts["sft"] == prompts["prompts"]
+    assert len(prompts["heldout"]) == 2 and not set(prompts["heldout"]) & set(prompts["sft"])
+    assert "dropped 4 of 6 held-out prompts that also appear in the sft or rl split" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="every held-out prompt"):
+        pipeline.write_task_files(str(tmp_path / "all"), dataclasses.replace(config, n_heldout=4))
 
 
 # sha256 of the files the addition task wrote before it was a plug-in (operands 0..29, 420 / 400 / 80 problems):
