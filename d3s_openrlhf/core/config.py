@@ -32,6 +32,15 @@ ADVANTAGE_MODES = ("group", "subset")
 
 FLAG_PREFIX = "d3s."
 
+# PromptSkipPolicy's parameters -> the options that set them
+_SKIP_FIELDS = {
+    "window": "skip_window",
+    "target": "skip_target",
+    "max_prob": "skip_max_prob",
+    "rate": "skip_rate",
+    "prob": "skip_init_prob",
+}
+
 _FIXED_N = 20  # mean of the D3S linear schedule 8 -> 32 (our choice, see the module docstring)
 _FIXED_K = 0.125  # mean of the D3S linear schedule 0.05 -> 0.20
 
@@ -251,25 +260,11 @@ class D3SConfig:
         for name in ("full_logits", "dry_run"):
             if not isinstance(getattr(self, name), bool):
                 bad(name, "must be a bool")
-        if (
-            isinstance(self.skip_window, bool)
-            or not isinstance(self.skip_window, numbers.Integral)
-            or self.skip_window < 1
-        ):
-            bad("skip_window", "must be an int >= 1 (zero-variance groups in a row)")
-        for name, low, high, closed in (
-            ("skip_target", 0.0, 1.0, False),
-            ("skip_max_prob", 0.0, 1.0, False),
-            ("skip_init_prob", 0.0, 1.0, True),
-        ):
-            value = getattr(self, name)
-            inside = isinstance(value, numbers.Real) and (low <= value <= high if closed else low <= value < high)
-            if isinstance(value, bool) or not inside:
-                bad(name, f"must be a number in [{low:g}, {high:g}{']' if closed else ')'}")
-        if isinstance(self.skip_rate, bool) or not isinstance(self.skip_rate, numbers.Real) or not self.skip_rate > 0:
-            bad("skip_rate", "must be a number > 0")
-        if not problems and self.skip_init_prob > self.skip_max_prob:
-            bad("skip_init_prob", f"must be at most --d3s.skip_max_prob={self.skip_max_prob!r}")
+        try:  # the skip options' ranges are the policy's own
+            self.skip_policy()
+        except ValueError as error:
+            parameter, _, requirement = str(error).partition(" must be ")
+            bad(_SKIP_FIELDS[parameter], "must be " + requirement.rsplit(", got ", 1)[0])
         if self.advantage_mode == "subset" and self.sample_rule == "none":
             bad(
                 "advantage_mode",

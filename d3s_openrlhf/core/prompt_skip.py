@@ -29,12 +29,23 @@ generator; the samples generator of the integration draws prompts through it and
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List
 
 import torch
 
 PROMPT_SKIP_MODES = ("off", "history")
+
+
+def _real(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and value == value  # NaN != NaN
+
+
+def _require(name: str, ok: bool, requirement: str, value) -> None:
+    """Raise ``ValueError("<name> must be <requirement>, got <value>")`` unless ``ok``."""
+    if isinstance(value, bool) or not ok:
+        raise ValueError(f"{name} must be {requirement}, got {value!r}")
 
 
 @dataclass
@@ -57,17 +68,13 @@ class PromptSkipPolicy:
     streaks: Dict[str, int] = field(default_factory=dict)  # prompt key -> zero-variance groups in a row, <= window
 
     def __post_init__(self):
-        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
-            raise ValueError(f"window must be an int >= 1, got {self.window!r}")
-        if not 0.0 <= self.target < 1.0:
-            raise ValueError(f"target must be in [0, 1), got {self.target!r}")
-        if not 0.0 <= self.max_prob < 1.0:
-            raise ValueError(
-                f"max_prob must be in [0, 1) (1 would never generate a skipped prompt again), got {self.max_prob!r}"
-            )
-        if not self.rate > 0.0:
-            raise ValueError(f"rate must be > 0, got {self.rate!r}")
-        self.prob = min(max(float(self.prob), 0.0), self.max_prob)
+        _require("window", isinstance(self.window, numbers.Integral) and self.window >= 1, "an int >= 1", self.window)
+        _require("target", _real(self.target) and 0.0 <= self.target < 1.0, "a number in [0, 1)", self.target)
+        # 1 would never generate a skipped prompt again
+        _require("max_prob", _real(self.max_prob) and 0.0 <= self.max_prob < 1.0, "a number in [0, 1)", self.max_prob)
+        _require("rate", _real(self.rate) and self.rate > 0.0, "a number > 0", self.rate)
+        prob_ok = _real(self.prob) and 0.0 <= self.prob <= self.max_prob
+        _require("prob", prob_ok, f"a number in [0, {self.max_prob:g}] (max_prob)", self.prob)
 
     def is_candidate(self, key: str) -> bool:
         """Whether ``key``'s last ``window`` generated groups all had zero reward variance."""

@@ -46,18 +46,22 @@ class SkippingPrompts:
     the policy skips. ``pending`` holds the rest of the dataloader batch last read, as (datasource, prompt, label,
     image) tuples."""
 
-    def __init__(self, source, generator_of, pending: Optional[List[Tuple]] = None):
+    def __init__(self, source, policy, pending: Optional[List[Tuple]] = None):
         self.source = source
-        self.generator_of = generator_of  # () -> (policy, torch.Generator) of the batch being drawn
+        self.policy = policy
         self.pending: List[Tuple] = list(pending or [])
-        self.skipped = 0
-        self.candidates = 0
+        self.generator = None  # the draws of the batch being drawn (``start_batch``)
+        self.skipped = self.candidates = 0
+
+    def start_batch(self, generator) -> None:
+        self.generator = generator
+        self.skipped = self.candidates = 0
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        policy, generator = self.generator_of()
+        policy, generator = self.policy, self.generator
         while True:
             if not self.pending:
                 self.pending = list(zip(*next(self.source)))  # StopIteration ends the epoch
@@ -111,7 +115,6 @@ class D3SSamplesGenerator(SamplesGenerator):
         self._skipping: Optional[SkippingPrompts] = None
         self._restored_pending: List[Tuple] = []
         self._groups: Optional[Dict[str, List[float]]] = None  # the rewards of each group, while a batch is drawn
-        self._generator = None
         self._generated_tokens = 0
         self._unlogged: Dict[str, float] = {}
         self.last_metrics: Dict[str, float] = {}
@@ -123,12 +126,11 @@ class D3SSamplesGenerator(SamplesGenerator):
         if not (self.d3s.skip_enabled and training):
             return super()._generate_vllm(dataloader_iter, num_prompts, dynamic_filtering, **generate_kwargs)
         if self._skipping is None or self._skipping.source is not dataloader_iter:  # a new epoch's iterator
-            self._skipping = SkippingPrompts(dataloader_iter, self._batch_draws, self._restored_pending)
+            self._skipping = SkippingPrompts(dataloader_iter, self.policy, self._restored_pending)
             self._restored_pending = []
-        self._skipping.skipped = self._skipping.candidates = 0
+        self._skipping.start_batch(step_generator(self.d3s.seed, self.batches))
         self._groups, self._generated_tokens = defaultdict(list), 0
         prob = self.policy.prob
-        self._generator = step_generator(self.d3s.seed, self.batches)
         try:
             experiences, consumed, exhausted = super()._generate_vllm(
                 self._skipping, num_prompts, dynamic_filtering, **generate_kwargs
@@ -151,9 +153,6 @@ class D3SSamplesGenerator(SamplesGenerator):
         self._unlogged = {} if experiences else counts
         self.last_metrics = {**counts, "d3s/skip_prob": prob}
         return experiences, consumed + self._skipping.skipped, exhausted
-
-    def _batch_draws(self):
-        return self.policy, self._generator
 
     def _process_response_into_experience(self, response, **generate_kwargs):
         experience = super()._process_response_into_experience(response, **generate_kwargs)

@@ -101,7 +101,7 @@ BAD_VALUES = [
     ("skip_target", 1.0, r"in \[0, 1\)"),
     ("skip_target", float("nan"), r"in \[0, 1\)"),
     ("skip_max_prob", 1.0, r"in \[0, 1\)"),
-    ("skip_init_prob", -0.5, r"in \[0, 1\]"),
+    ("skip_init_prob", -0.5, r"in \[0, 0.9\] \(max_prob\)"),
     ("skip_rate", 0.0, "> 0"),
     ("skip_rate", True, "> 0"),
 ]

@@ -4,9 +4,7 @@ gives every rollout of an "easy" prompt (operands with an even sum) reward 1 and
 and logs each scored prompt so that the test can count what was generated."""
 
 import dataclasses
-import importlib.util
 import re
-from pathlib import Path
 
 import pytest
 
@@ -40,16 +38,8 @@ def reward_func(queries, prompts, labels, **kwargs):
 '''
 
 
-def _e2e_helpers():
-    """test_e2e_pipeline.py's helpers (tests/ is no package: OpenRLHF's wheel owns the name), by path."""
-    path = Path(__file__).with_name("test_e2e_pipeline.py")
-    spec = importlib.util.spec_from_file_location("_d3s_e2e_pipeline_helpers_skip", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-helpers = _e2e_helpers()
+def ppo_args(toy_sft, tmp_path, name, config):
+    return pipeline.ppo_args(toy_sft.sft_model, toy_sft.task, str(tmp_path / name), config)
 
 
 def reward_file(tmp_path, name, mixed="float(response == str(label).strip())"):
@@ -86,7 +76,7 @@ def assert_skipping_run(run, assert_clean_run):
 def test_easy_prompts_are_skipped_after_the_first_epoch(toy_sft, run_pipeline, assert_clean_run, tmp_path):
     reward, log = reward_file(tmp_path, "skip")
     config = dataclasses.replace(BASE, reward=reward, extra=SKIP)
-    run = run_pipeline(pipeline.D3S_ENTRYPOINT, helpers.ppo_args(toy_sft, tmp_path, "skip", config), name="skip")
+    run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "skip", config), name="skip")
     taken = assert_skipping_run(run, assert_clean_run)
     groups, easy = generated_groups(log)
     assert len(groups) == PROMPTS and 0 < len(easy) < PROMPTS
@@ -107,7 +97,7 @@ def test_async_with_dynamic_filtering(toy_sft, run_pipeline, assert_clean_run, t
     reward, log = reward_file(tmp_path, "async")
     filtering = ["--algo.dynamic_filtering_enable", "--algo.dynamic_filtering_range", "0.1", "0.9"]
     config = dataclasses.replace(BASE, episodes=3, reward=reward, extra=SKIP + filtering + ["--train.async_enable"])
-    run = run_pipeline(pipeline.D3S_ENTRYPOINT, helpers.ppo_args(toy_sft, tmp_path, "async", config), name="async")
+    run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "async", config), name="async")
     assert_skipping_run(run, assert_clean_run)
     groups, easy = generated_groups(log)
     skipped = sum(values["d3s/skipped_prompts"] for values in run.steps.values())
@@ -121,10 +111,10 @@ def test_resume_restores_the_history(toy_sft, run_pipeline, assert_clean_run, tm
     reward, _ = reward_file(tmp_path, "resume", mixed="0.0")
     checkpoint = ["--ckpt.save_steps", "4", "--ckpt.path", str(tmp_path / "checkpoints")]
     first = dataclasses.replace(BASE, episodes=1, reward=reward, extra=SKIP + checkpoint)
-    run = run_pipeline(pipeline.D3S_ENTRYPOINT, helpers.ppo_args(toy_sft, tmp_path, "first", first), name="first")
+    run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "first", first), name="first")
     assert assert_skipping_run(run, assert_clean_run) == 4
     resumed = dataclasses.replace(first, episodes=2, extra=SKIP + checkpoint + ["--ckpt.load_enable"])
-    run = run_pipeline(pipeline.D3S_ENTRYPOINT, helpers.ppo_args(toy_sft, tmp_path, "resumed", resumed), name="resumed")
+    run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "resumed", resumed), name="resumed")
     assert min(run.steps) == 5, run.tail()
     assert_clean_run(run, range(5, max(run.steps) + 1))
     # every prompt's only group so far had equal rewards: all are candidates, at p = 0.9 most are skipped
