@@ -26,7 +26,7 @@ def study_run(run, prompts):
         step_time={key: np.array([s[key] for s in steps]) for key in STEP_TIMINGS},
         select_share=np.array([s.get("d3s/select_time_s", 0.0) / s["timing/step_total"] for s in steps]),
         zero_var=np.array([s.get("d3s/zero_var_groups", np.nan) / prompts for s in steps]),
-        grad=np.array([s["actor_grad_norm"] for s in steps]),
+        grad=np.array([s.get("actor_grad_norm", np.nan) for s in steps]),  # nan: a step that trained no batch
         eval_step=np.array([e["step"] for e in run["heldout"]]),
         greedy=np.array([e["greedy"] for e in run["heldout"]]),
         sampled=np.array([e["sampled"] for e in run["heldout"]]),
@@ -95,7 +95,7 @@ def study_analysis(document):
                 mean_greedy=[float(r["greedy"][:n_eval].mean()) for r in runs],
                 drop=[float(r["greedy"][:n_eval].max() - r["greedy"][n_eval - 1]) for r in runs],
                 final_entropy=[float(r["entropy"][n_eval - 1]) for r in runs],
-                grad_mean=[float(r["grad"].mean()) for r in runs],
+                grad_mean=[float(np.nanmean(r["grad"])) for r in runs],
                 tokens_total=float(np.mean([r["tokens"][-1] for r in runs])),
                 step_time={key: float(np.mean([r["step_time"][key].mean() for r in runs])) for key in STEP_TIMINGS},
                 reward_curve=trailing_mean(np.mean([r["reward"][:n_steps] for r in runs], axis=0), SMOOTH),

@@ -8,15 +8,17 @@ replacements are drawn the same way. Every generated group, a filtered one too, 
 responses are turned into experiences, and the skip probability adapts once per batch.
 
 Accounting: a skipped prompt is consumed from the dataloader (the epoch ends sooner) and counted in the batch's
-``prompts_consumed`` once, as a filtered prompt is; a generated prompt is counted by upstream. Prompts that
-:class:`SkippingPrompts` has read from the dataloader but not yet handed on (the rest of a dataloader batch) are
-kept, not dropped, and travel with the checkpoint.
+``prompts_consumed`` once, as a filtered prompt is; a generated prompt is counted by upstream. When the epoch's
+prompts run out mid-batch, the epoch's skipped prompts fill the batch (``d3s/refilled_prompts``), so skipping never
+leaves a short last batch that upstream would not train (it takes no step on fewer rollouts than
+``--train.batch_size``). Prompts that :class:`SkippingPrompts` has read from the dataloader but not yet handed on
+(the rest of a dataloader batch) are kept, not dropped, and travel with the checkpoint.
 
 Checkpoints: the policy's state rides in the prompt dataloader's state dict (key ``d3s_prompt_skip``), which both
 trainers already save with every checkpoint and restore on resume (``DataloaderWithSkipState``), so a resumed run
 skips as the uninterrupted one would. The same entry carries the batch's metrics to the trainer that logs them, in
-the sync and the async mode alike: ``d3s/skipped_prompts``, ``d3s/skip_prob`` (the probability the batch was
-drawn with), ``d3s/skip_candidates`` and ``d3s/generated_tokens`` (response tokens generated, filtered groups
+the sync and the async mode alike: ``d3s/skipped_prompts``, ``d3s/refilled_prompts``, ``d3s/skip_prob`` (the
+probability the batch was drawn with), ``d3s/skip_candidates`` and ``d3s/generated_tokens`` (response tokens generated, filtered groups
 included). A draw that yields no sample (the rest of an epoch all skipped or filtered) trains no step; its counts
 are added to the next step's, so only the skips after the run's last step go unlogged.
 """
@@ -46,32 +48,46 @@ class SkippingPrompts:
     the policy skips. ``pending`` holds the rest of the dataloader batch last read, as (datasource, prompt, label,
     image) tuples."""
 
-    def __init__(self, source, policy, pending: Optional[List[Tuple]] = None):
+    def __init__(self, source, policy, pending: Optional[List[Tuple]] = None, skipped: Optional[List[Tuple]] = None):
         self.source = source
         self.policy = policy
         self.pending: List[Tuple] = list(pending or [])
         self.generator = None  # the draws of the batch being drawn (``start_batch``)
-        self.skipped = self.candidates = 0
+        self.skipped_items: List[Tuple] = list(skipped or [])  # the epoch's skipped prompts, in order
+        self.yielded = self.skipped = self.refilled = self.candidates = 0  # of the batch being drawn
 
     def start_batch(self, generator) -> None:
         self.generator = generator
-        self.skipped = self.candidates = 0
+        self.yielded = self.skipped = self.refilled = self.candidates = 0
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        policy, generator = self.policy, self.generator
         while True:
             if not self.pending:
-                self.pending = list(zip(*next(self.source)))  # StopIteration ends the epoch
-            datasource, prompt, label, image = self.pending.pop(0)
-            key = prompt_key(prompt, label)
-            self.candidates += policy.is_candidate(key)
-            if policy.skips([key], generator)[0]:
+                try:
+                    self.pending = list(zip(*next(self.source)))
+                except StopIteration:
+                    # the epoch ran out mid-batch: its skipped prompts fill the batch before it ends short
+                    # (upstream trains no step on fewer rollouts than --train.batch_size: they would be lost)
+                    if not (self.yielded and self.skipped_items):
+                        raise
+                    self.refilled += 1
+                    return self._as_batch(self.skipped_items.pop())
+            item = self.pending.pop(0)
+            key = prompt_key(item[1], item[2])
+            self.candidates += self.policy.is_candidate(key)
+            if self.policy.skips([key], self.generator)[0]:
                 self.skipped += 1
+                self.skipped_items.append(item)
                 continue
-            return [datasource], [prompt], [label], [image]
+            return self._as_batch(item)
+
+    def _as_batch(self, item):
+        self.yielded += 1
+        datasource, prompt, label, image = item
+        return [datasource], [prompt], [label], [image]
 
 
 class DataloaderWithSkipState:
@@ -113,7 +129,7 @@ class D3SSamplesGenerator(SamplesGenerator):
             self.prompts_dataloader = DataloaderWithSkipState(self.prompts_dataloader, self)
         self.batches = 0  # training batches drawn: with the seed, the key of each batch's random draws
         self._skipping: Optional[SkippingPrompts] = None
-        self._restored_pending: List[Tuple] = []
+        self._restored: Tuple[List, List] = ([], [])  # (pending, skipped) prompts of a checkpoint
         self._groups: Optional[Dict[str, List[float]]] = None  # the rewards of each group, while a batch is drawn
         self._generated_tokens = 0
         self._unlogged: Dict[str, float] = {}
@@ -126,8 +142,8 @@ class D3SSamplesGenerator(SamplesGenerator):
         if not (self.d3s.skip_enabled and training):
             return super()._generate_vllm(dataloader_iter, num_prompts, dynamic_filtering, **generate_kwargs)
         if self._skipping is None or self._skipping.source is not dataloader_iter:  # a new epoch's iterator
-            self._skipping = SkippingPrompts(dataloader_iter, self.policy, self._restored_pending)
-            self._restored_pending = []
+            self._skipping = SkippingPrompts(dataloader_iter, self.policy, *self._restored)
+            self._restored = ([], [])
         self._skipping.start_batch(step_generator(self.d3s.seed, self.batches))
         self._groups, self._generated_tokens = defaultdict(list), 0
         prob = self.policy.prob
@@ -143,6 +159,7 @@ class D3SSamplesGenerator(SamplesGenerator):
             self.policy.adapt(sum(zero_variance) / len(zero_variance))
         counts = {
             "d3s/skipped_prompts": float(self._skipping.skipped),
+            "d3s/refilled_prompts": float(self._skipping.refilled),
             "d3s/skip_candidates": float(self._skipping.candidates),
             "d3s/generated_tokens": float(self._generated_tokens),
         }
@@ -152,7 +169,8 @@ class D3SSamplesGenerator(SamplesGenerator):
             counts[key] += value
         self._unlogged = {} if experiences else counts
         self.last_metrics = {**counts, "d3s/skip_prob": prob}
-        return experiences, consumed + self._skipping.skipped, exhausted
+        # each prompt consumed once: a refilled prompt was counted when it was skipped
+        return experiences, consumed + self._skipping.skipped - self._skipping.refilled, exhausted
 
     def _process_response_into_experience(self, response, **generate_kwargs):
         experience = super()._process_response_into_experience(response, **generate_kwargs)
@@ -164,11 +182,14 @@ class D3SSamplesGenerator(SamplesGenerator):
     # ── checkpoints ──
 
     def skip_state(self) -> Dict:
-        pending = self._skipping.pending if self._skipping is not None else self._restored_pending
+        pending, skipped = (
+            (self._skipping.pending, self._skipping.skipped_items) if self._skipping is not None else self._restored
+        )
         return {
             "policy": self.policy.state_dict(),
             "batches": self.batches,
             "pending": list(pending),
+            "skipped": list(skipped),
             "unlogged": dict(self._unlogged),
             "metrics": dict(self.last_metrics),
         }
@@ -177,5 +198,5 @@ class D3SSamplesGenerator(SamplesGenerator):
         self.policy.load_state_dict(state["policy"])
         self.batches = int(state["batches"])
         self._unlogged = dict(state["unlogged"])
-        self._restored_pending = [tuple(item) for item in state["pending"]]
+        self._restored = ([tuple(item) for item in state["pending"]], [tuple(item) for item in state["skipped"]])
         self._skipping = None
