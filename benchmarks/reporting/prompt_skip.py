@@ -74,8 +74,12 @@ def verdict(info):
     worse = final < base and not np.isnan(p) and p < ALPHA
     if tokens is None or wall is None:
         return (
-            f"**Not met**: D3S + skip never reached GRPO's final held-out greedy accuracy ({base:.3f}; its final "
-            f"{final:.3f}, p = {p_text(m['test_vs_grpo'])})."
+            f"**Not met**: D3S + skip's seed-mean held-out greedy curve never reached GRPO's final accuracy "
+            f"({base:.3f}; its best evaluation {float(np.max(m['curve'][1:])):.3f}, its final {final:.3f}, p = "
+            f"{p_text(m['test_vs_grpo'])}). Over the whole run it generated "
+            f"{m['generated_total'] / grpo['generated_total']:.2f}x GRPO's tokens in "
+            f"{m['wall_total'] / grpo['wall_total']:.2f}x its wall time (goal: at most {GOAL}x each, to GRPO's final "
+            "accuracy)."
         )
     met = tokens <= GOAL and wall <= GOAL and not worse
     return (
