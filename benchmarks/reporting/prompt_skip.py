@@ -103,8 +103,8 @@ def skip_body(document, heading="###"):
         f"--out benchmarks/results` ({', '.join(dates)}; {document['machine']}; {minutes / 60:.0f} minutes of runs "
         f"and evaluations{', plus the SFT warm start' if 'sft_seconds' in document else ''}). Task "
         f"`{document['task']}`: {prompts} RL prompts ({document['prompts_per_step']} a step, G = {grpo['group']} "
-        f"rollouts each), {document['epochs']} passes over them ({prompts * document['epochs'] // document['prompts_per_step']} "
-        f"steps without skipping), {seeds} seeds; held-out greedy accuracy of the SFT start "
+        f"rollouts each), {document['epochs']} passes over them ({document['steps'] * document['epochs']} steps "
+        f"without skipping), {seeds} seeds; held-out greedy accuracy of the SFT start "
         f"{document['sft_heldout']['greedy']:.3f}. GRPO's final held-out greedy accuracy (seed mean): {target:.3f}.",
         "",
         "| method | steps run | final greedy | peak greedy | p vs GRPO | generated tokens | generation s | wall s | "

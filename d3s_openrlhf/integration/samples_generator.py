@@ -18,9 +18,9 @@ Checkpoints: the policy's state rides in the prompt dataloader's state dict (key
 trainers already save with every checkpoint and restore on resume (``DataloaderWithSkipState``), so a resumed run
 skips as the uninterrupted one would. The same entry carries the batch's metrics to the trainer that logs them, in
 the sync and the async mode alike: ``d3s/skipped_prompts``, ``d3s/refilled_prompts``, ``d3s/skip_prob`` (the
-probability the batch was drawn with), ``d3s/skip_candidates`` and ``d3s/generated_tokens`` (response tokens generated, filtered groups
-included). A draw that yields no sample (the rest of an epoch all skipped or filtered) trains no step; its counts
-are added to the next step's, so only the skips after the run's last step go unlogged.
+probability the batch was drawn with), ``d3s/skip_candidates`` and ``d3s/generated_tokens`` (response tokens
+generated, filtered groups included). A draw that yields no sample (the rest of an epoch all skipped or filtered)
+trains no step; its counts are added to the next step's, so only the skips after the run's last step go unlogged.
 """
 
 from __future__ import annotations
@@ -45,8 +45,9 @@ def prompt_key(prompt: str, label) -> str:
 
 class SkippingPrompts:
     """The prompt dataloader's iterator, one prompt per item (upstream's batch tuple of size 1), without the prompts
-    the policy skips. ``pending`` holds the rest of the dataloader batch last read, as (datasource, prompt, label,
-    image) tuples."""
+    the policy skips. ``pending`` holds the rest of the dataloader batch last read and ``skipped_items`` the epoch's
+    skipped prompts (which fill a batch the epoch's end would leave short), as (datasource, prompt, label, image)
+    tuples."""
 
     def __init__(self, source, policy, pending: Optional[List[Tuple]] = None, skipped: Optional[List[Tuple]] = None):
         self.source = source
