@@ -14,6 +14,7 @@ derived values (``--train.dynamic_batch_enable`` forces ``--ds.packing_samples``
 would start Ray. Its assertions thus also fail here, before Ray, instead of after.
 """
 
+import contextlib
 import os
 import sys
 from dataclasses import dataclass
@@ -46,8 +47,21 @@ class Change:
         return f"{edit}: {self.reason}"
 
 
+@contextlib.contextmanager
+def _environment_kept():
+    """Importing vLLM sets environment variables (LD_LIBRARY_PATH with opencv's bundled libraries among them); the
+    Ray head this process starts next, and every worker and vLLM engine under it, would inherit them."""
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 def _vllm_can_sleep():
-    from vllm.platforms import current_platform
+    with _environment_kept():
+        from vllm.platforms import current_platform
 
     return current_platform.is_sleep_mode_available()
 
@@ -59,7 +73,8 @@ def _deepspeed_fp16_supported():
 
 
 def _vllm_cpu_head_sizes():
-    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+    with _environment_kept():
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
     return CPUAttentionBackend.get_supported_head_sizes()
 

@@ -1,6 +1,8 @@
 """The CPU pre-flight: every upstream default or flag the CPU runtime cannot run is changed (and said) or refused
 by name before Ray starts, through both entrypoints and with D3S on and off."""
 
+import os
+
 import pytest
 import ray
 
@@ -135,11 +137,16 @@ def test_a_head_dimension_vllm_cpu_cannot_serve_is_refused_before_ray(tmp_path, 
     shape = toy.ModelShape(hidden_size=4 * head_dim, num_heads=4, head_dim=head_dim, intermediate_size=64)
     model = toy.save_model_and_tokenizer(str(tmp_path / "model"), shape)
     argv = [*GPU_STYLE, *ENGINE, "--actor.model_name_or_path", model]
+    # the check imports vLLM's CPU attention, whose import chain puts opencv's bundled libraries on LD_LIBRARY_PATH:
+    # the Ray cluster started next, and every vLLM engine under it, would inherit that
+    library_path = os.environ.get("LD_LIBRARY_PATH")
     if not refused:
         assert preflight.prepare(argv) == argv
+        assert os.environ.get("LD_LIBRARY_PATH") == library_path
         return
     with pytest.raises(ValueError) as error:
         preflight.prepare(argv)
+    assert os.environ.get("LD_LIBRARY_PATH") == library_path
     assert "its attention head dimension is 16 (hidden size 64, 4 heads)" in str(error.value)
     assert "it serves 32, 64, 80" in str(error.value)
     assert not ray.is_initialized()
