@@ -20,4 +20,6 @@ setup(
     python_requires=">=3.10",
     install_requires=["torch>=2.1", "numpy"],
     extras_require=EXTRAS,
+    # vLLM runs its general plugins in each of its processes; ours acts only under the CPU runtime (cpu/patches.py)
+    entry_points={"vllm.general_plugins": ["d3s_openrlhf_cpu = d3s_openrlhf.cpu.patches:apply_vllm"]},
 )

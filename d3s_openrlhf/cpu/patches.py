@@ -26,6 +26,13 @@ What is adjusted, and why:
   transformers refuses flash-attention 2 on CPU, and OpenRLHF's default ``--ds.attn_implementation`` and its
   sample packing (which forces it) could not run.
 
+vLLM's own processes (its engine core is a child of the Ray actor, which the setup hook does not reach) load
+:func:`apply_vllm` through vLLM's plugin entry point (``vllm.general_plugins``, declared in ``setup.py``). Under
+the CPU runtime it makes vLLM's CPU attention use its portable ``vec`` kernel where it would pick the AMX one
+(bf16 on CPUs with AMX): that kernel dies with SIGILL at the first request in 4 of 5 engine starts on the
+project's Intel Xeon VMs (``tests/cpu/test_cpu_runtime.py``); the ``vec`` kernel never did. Outside the runtime
+(``D3S_OPENRLHF_CPU`` unset) the plugin does nothing.
+
 With ``D3S_OPENRLHF_CPU_FP32=1`` (the launcher's ``--fp32``), every model trains, scores and generates in
 float32 whatever ``--ds.param_dtype`` says. CPUs without native bf16 arithmetic (no AVX512-BF16 or AMX) emulate
 it, about 13x slower than fp32 for the toy Llama's forward and backward on an AVX2 machine; upstream offers
@@ -51,6 +58,7 @@ import os
 import sys
 import threading
 
+CPU_ENV = "D3S_OPENRLHF_CPU"  # "1" in the driver and every process of a job the CPU runtime starts
 FP32_ENV = "D3S_OPENRLHF_CPU_FP32"
 _applied = False
 _lock = threading.Lock()
@@ -230,6 +238,25 @@ def _patch_deepspeed_configs(module):
             return _upstream(*args, **kwargs)
 
         setattr(module, name, fp32_config)
+
+
+def _portable_attention_isa(upstream):
+    @functools.wraps(upstream)
+    def attention_isa(*args, **kwargs):
+        isa = upstream(*args, **kwargs)
+        return "vec" if isa == "amx" else isa
+
+    return attention_isa
+
+
+def _patch_cpu_attention(module):
+    module._get_attn_isa = _portable_attention_isa(module._get_attn_isa)
+
+
+def apply_vllm():
+    """vLLM's general-plugin hook, run once in each vLLM process: the CPU attention ISA choice (module docstring)."""
+    if os.environ.get(CPU_ENV) == "1":
+        when_imported("vllm.v1.attention.backends.cpu_attn", _patch_cpu_attention)
 
 
 def apply():

