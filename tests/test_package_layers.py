@@ -23,7 +23,7 @@ ALLOWED = {
     "tasks": set(),
     "rewards": set(),
     "data": {"rewards"},
-    "testbed": {"tasks", "cpu"},
+    "testbed": {"tasks", "cpu", "integration"},  # the sync check drives the LoRA sync
     "cli": {"core", "integration", "cpu", "tasks", "testbed"},
 }
 

@@ -5,7 +5,9 @@ Every flag of ``openrlhf.cli.train_ppo_ray`` is accepted unchanged; the ``--d3s.
 and ``train()`` run as shipped (through ``runpy``).
 
 * D3S off (no flags, ``--d3s.preset grpo``, or nothing selected at any point): upstream's module runs with the
-  remaining arguments and nothing is swapped.
+  remaining arguments and nothing is swapped, except under LoRA (``--ds.lora.rank > 0``): upstream's weight sync
+  cannot send adapters to vLLM, so the policy actor's sync is swapped for the merged one
+  (``integration.lora_sync``). That is the one change the entrypoint makes without a ``--d3s`` flag.
 * D3S on: the configuration is validated against the host flags before anything else happens (so before
   ``ray.init`` and before any actor exists); then, for the duration of the run, the resolved config is attached
   to the host args as ``args.d3s`` (a namespace of the ``D3SConfig`` fields, added by wrapping
@@ -112,9 +114,18 @@ def d3s_swaps(config: D3SConfig):
     )
 
 
-def run(host_argv: Sequence[str], config: D3SConfig) -> None:
-    """Run upstream's ``train_ppo_ray``: as shipped with D3S off, with the D3S classes swapped in otherwise."""
-    host.run_upstream_main(host_argv, *(d3s_swaps(config) if config.enabled else ()))
+def run(host_argv: Sequence[str], config: D3SConfig, lora: bool = False) -> None:
+    """Run upstream's ``train_ppo_ray``: with the D3S classes swapped in when D3S is on; with D3S off, under LoRA
+    (``lora``) with the merged LoRA weight sync alone (upstream's cannot reach vLLM), as shipped otherwise."""
+    if config.enabled:
+        swaps = d3s_swaps(config)
+    elif lora:
+        from d3s_openrlhf.integration.lora_sync import lora_swaps
+
+        swaps = lora_swaps()
+    else:
+        swaps = ()
+    host.run_upstream_main(host_argv, *swaps)
 
 
 def print_help(file=None) -> None:
@@ -131,6 +142,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         raise SystemExit(0)
     try:
         config, host_argv, host_args, plan = resolve(argv)
+        lora = host.lora_sync_needed(host_argv)
     except D3SValidationError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
@@ -148,7 +160,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     cpu_runtime.activate_if_requested()
     for note in plan.notes if plan is not None else ():
         print(f"[d3s] warning: {note}", file=sys.stderr)
-    run(host_argv, config)
+    run(host_argv, config, lora)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,12 @@ fails because vLLM's CPU kernels repack Linear weights when a model is loaded.
 
 Both sides build the same stateless gloo group with vLLM's
 ``stateless_init_torch_distributed_process_group``. The engine buffers every received tensor and, on the
-last one of a sync, reloads them all through vLLM's ``reload_weights``, which re-runs the
-post-load processing (repacking, tied embeddings) exactly as at start-up.
+last one of a sync, reloads through vLLM's ``reload_weights``, which re-runs the post-load processing
+(repacking, tied embeddings) exactly as at start-up. That reload must see every weight of each layer it
+touches: a fused layer that gets only part of its weights (``q_proj`` of ``qkv_proj``, as the merged LoRA sync
+sends them layer by layer) is rebuilt with the rest uninitialised (NaN). So the engine keeps the model's weights
+in checkpoint form, read from the checkpoint at its first sync and updated by every received tensor, and reloads
+all of them: one more copy of the weights in the engine process, which the CPU runtime's small models afford.
 """
 
 import torch
@@ -55,6 +59,7 @@ class GlooWeightSyncWorkerExtension:
         rank = torch.distributed.get_rank() + rank_offset
         self._d3s_sync_group = GlooBroadcastGroup(master_address, master_port, rank, world_size)
         self._d3s_received = []
+        self._d3s_weights = None  # name -> the latest weight in checkpoint form, from the first sync on
 
     def update_weight(self, name, dtype, shape, empty_cache=False):
         weight = torch.empty(shape, dtype=dtype)
@@ -64,8 +69,15 @@ class GlooWeightSyncWorkerExtension:
             self._d3s_load_received()
 
     def _d3s_load_received(self):
-        weights, self._d3s_received = self._d3s_received, []
-        self.reload_weights(weights_iterator=iter(weights))
+        received, self._d3s_received = self._d3s_received, []
+        if self._d3s_weights is None:
+            from vllm.model_executor.model_loader import get_model_loader
+
+            loader = get_model_loader(self.vllm_config.load_config)
+            checkpoint = loader.get_all_weights(self.vllm_config.model_config, self.model_runner.get_model())
+            self._d3s_weights = {name: weight.clone() for name, weight in checkpoint}
+        self._d3s_weights.update(received)
+        self.reload_weights(weights_iterator=iter(self._d3s_weights.items()))
         repack_shared_weights(self.model_runner.get_model())
 
 

@@ -67,6 +67,7 @@ from d3s_openrlhf.core.entropy import entropy_from_logits
 from d3s_openrlhf.integration.experience_forward import HeadFreeForward, head_free_blocker
 from d3s_openrlhf.integration.host import PG_MASK_KEY, full_logits_requested
 from d3s_openrlhf.integration.kept_forward import kept_forward_blocker, kept_token_forward
+from d3s_openrlhf.integration.lora_sync import MergedLoRASync
 from d3s_openrlhf.integration.seams import swapped_globals
 
 _PG_NORM_ATTR = "d3s_pg_loss_norm"
@@ -272,8 +273,9 @@ class D3SReplayBuffer(NaiveReplayBuffer):
 # the trainer
 
 
-class D3SActorPPOTrainer(ppo_actor.ActorPPOTrainer):
-    """``ActorPPOTrainer`` whose PG surrogate covers only the tokens of ``experience.info["d3s_pg_mask"]``."""
+class D3SActorPPOTrainer(MergedLoRASync, ppo_actor.ActorPPOTrainer):
+    """``ActorPPOTrainer`` whose PG surrogate covers only the tokens of ``experience.info["d3s_pg_mask"]``, with the
+    merged LoRA weight sync."""
 
     def __init__(self, *args, **kwargs) -> None:
         # upstream builds its loss and replay buffer from these module-level names

@@ -320,6 +320,25 @@ def loss_needs_every_token(args) -> Optional[str]:
     return None
 
 
+# ── LoRA ──
+
+
+def lora_sync_needed(host_argv: Sequence[str]) -> bool:
+    """Whether the run trains LoRA adapters (``--ds.lora.rank > 0``), whose weights upstream's sync cannot send to
+    vLLM: the entrypoint then syncs the merged weights (``integration.lora_sync``), with D3S on or off. Raises
+    D3SValidationError where that sync cannot run."""
+    args = parse_host_args(host_argv)
+    if args.ds.lora.rank <= 0:
+        return False
+    if args.ds.tensor_parallel_size > 1:
+        raise D3SValidationError(
+            f"--ds.lora.rank {args.ds.lora.rank} with --ds.tensor_parallel_size {args.ds.tensor_parallel_size}: "
+            "the merged LoRA weight sync gathers whole layers under ZeRO, not tensor-parallel shards; "
+            "use --ds.tensor_parallel_size 1"
+        )
+    return True
+
+
 # ── validation against the host flags ──
 
 

@@ -7,8 +7,8 @@ the step (16 x 4096 x 151,936 fp32 is about 40 GB). ``kept_token_forward`` runs 
 head's input cut to zero positions (a forward pre-hook records the final hidden states instead), then applies the
 LM head module itself to the hidden states of the kept tokens only, in one call under activation checkpointing:
 the logits of the step shrink from (B, S, V) to (kept tokens, V), about K times upstream's, and are not kept
-between the forward and the backward. Calling the head module
-(not its weight) keeps ZeRO-3's parameter gathering, LoRA and tied embeddings as they are.
+between the forward and the backward (except for a frozen head under ZeRO-3, see ``_recomputable``). Calling the
+head module (not its weight) keeps ZeRO-3's parameter gathering, LoRA and tied embeddings as they are.
 
 Where it applies (``kept_forward_blocker`` returns the reason where it does not): a pg mask in the micro-batch,
 ``--actor.policy_loss_type ppo`` (GSPO's sequence ratio needs every token), no KL loss (``--algo.kl.use_loss``),
@@ -138,6 +138,15 @@ def _kept_log_probs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.
     return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
+def _recomputable(head: torch.nn.Module) -> bool:
+    """Whether the head call can be recomputed in the backward. Not a frozen head under ZeRO-3 (LoRA's): its
+    weight is released after the recompute's forward hook and nothing gathers it again for its backward
+    (``CheckpointError``: a recomputed weight of shape [0]); its kept-token logits are then kept for the backward
+    as a plain module call's are, at most K times upstream's full logits."""
+    params = list(head.parameters())
+    return not (any(hasattr(p, "ds_id") for p in params) and not any(p.requires_grad for p in params))
+
+
 def kept_token_forward(
     actor: Actor,
     sequences: torch.LongTensor,
@@ -172,9 +181,10 @@ def kept_token_forward(
     # One head call for all kept tokens, also when there are none: under ZeRO-3 every head call gathers its
     # weight with a collective, so every rank must make the same number of calls (chunking by the local count of
     # kept tokens would hang). Checkpointing drops these logits between the forward and the backward.
-    kept_log_probs = checkpoint(
-        functools.partial(_kept_log_probs, head, temperature=actor.temperature), kept_hidden, targets, use_reentrant=False
-    )
+    kept_log_probs = functools.partial(_kept_log_probs, head, temperature=actor.temperature)
+    if _recomputable(head):
+        kept_log_probs = functools.partial(checkpoint, kept_log_probs, use_reentrant=False)
+    kept_log_probs = kept_log_probs(kept_hidden, targets)
     fill = (fill_log_probs.detach().float() * action_mask).to(kept_log_probs.dtype)
     action_log_probs = fill.index_put((rows, columns), kept_log_probs)
     return (action_log_probs, output) if return_output else action_log_probs

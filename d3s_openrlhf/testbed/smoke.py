@@ -318,7 +318,7 @@ COMMON_VARS = frozenset(
     "MODEL DATA EVAL_DATA RAY_ADDRESS NNODES GPUS_PER_NODE ZERO_STAGE TRAIN_MICRO_BATCH ROLLOUT_MICRO_BATCH "
     "CKPT_ROOT RUN_NAME N_SAMPLES ROLLOUT_BATCH TRAIN_BATCH NUM_EPISODES LR KL_COEF SEED MAX_LEN MAX_NEW_TOKENS "
     "EVAL_STEPS SAVE_STEPS VLLM_GPU_UTIL REWARD_FUNC RUNTIME_ENV_JSON RAY_SUBMIT_ARGS D3S_SHIP D3S_LAUNCH "
-    "D3S_PRINT_ONLY D3S_RUNTIME_ENV_VARS PYTHON".split()
+    "D3S_PRINT_ONLY D3S_RUNTIME_ENV_VARS PYTHON LORA_RANK LORA_ALPHA".split()
 )
 # What the job's runtime env gets on top of the script's: the CPU runtime's switch, and Ray's permission to
 # merge the driver's runtime env (the runtime's setup hook and worker variables) into the job's.

@@ -1,11 +1,15 @@
 """Self-check of the vLLM weight sync under the CPU runtime: do the engine's log-probs follow the trainer?
 
-    python -m d3s_openrlhf.testbed.sync_check MODEL_DIR [--syncs 2]
+    python -m d3s_openrlhf.testbed.sync_check MODEL_DIR [--syncs 2] [--lora-rank R]
 
 Starts one engine with OpenRLHF's ``create_vllm_engines``, then, ``--syncs`` times: perturbs a copy of the
 model's weights, pushes them with OpenRLHF's own trainer-side code (``ActorPPOTrainer._init_vllm_sync_group``
 and ``broadcast_to_vllm``, run on a stand-in for the DeepSpeed actor that holds the perturbed Hugging Face
 model) and compares the engine's prompt log-probs with the perturbed model's. Prints one JSON object.
+
+With ``--lora-rank R`` the model carries a LoRA adapter of rank R on every linear layer (OpenRLHF's default
+target modules); only the adapter is perturbed, and the sync is the package's merged one
+(``integration.lora_sync.LoRASyncActorPPOTrainer``).
 """
 
 import argparse
@@ -46,17 +50,21 @@ def model_prompt_logprobs(model, token_ids):
 
 
 def perturb(model, seed, scale):
-    """Add seeded Gaussian noise of ``scale`` x each weight's std; the model stays bf16 (what OpenRLHF syncs)."""
+    """Add seeded Gaussian noise of ``scale`` x each trainable weight's std (at least 0.1 for LoRA factors, which
+    start at 0); the model stays bf16 (what OpenRLHF syncs)."""
     import torch
 
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for param in model.parameters():
-            noise = torch.randn(param.shape, generator=generator) * (scale * param.float().std().clamp_min(1e-3))
+        for name, param in model.named_parameters():
+            if not param.requires_grad:
+                continue
+            floor = 0.1 if "lora_" in name else 1e-3
+            noise = torch.randn(param.shape, generator=generator) * (scale * param.float().std().clamp_min(floor))
             param.copy_((param.float() + noise).to(param.dtype))
 
 
-def run(model_dir, syncs, scale):
+def run(model_dir, syncs, scale, lora_rank=0):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -67,6 +75,8 @@ def run(model_dir, syncs, scale):
         from openrlhf.trainer.ray import create_vllm_engines
         from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer
 
+        from d3s_openrlhf.integration.lora_sync import LoRASyncActorPPOTrainer
+
         torch.distributed.init_process_group(
             "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
         )
@@ -74,6 +84,13 @@ def run(model_dir, syncs, scale):
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         token_ids = tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+        if lora_rank:
+            import peft
+
+            lora = peft.LoraConfig(
+                task_type="CAUSAL_LM", r=lora_rank, lora_alpha=2 * lora_rank, target_modules="all-linear"
+            )
+            model = peft.get_peft_model(model, lora)
 
         args = SimpleNamespace(
             vllm=SimpleNamespace(
@@ -81,21 +98,22 @@ def run(model_dir, syncs, scale):
             ),
             ds=SimpleNamespace(zero_stage=0, tensor_parallel_size=1),
         )
-        trainer = SimpleNamespace(
-            strategy=SimpleNamespace(args=args),
-            vllm_engines=engines,
-            use_cuda_ipc=False,
-            actor=SimpleNamespace(model=SimpleNamespace(module=model), is_vlm=False),
-        )
-        ActorPPOTrainer._init_vllm_sync_group(trainer, "gloo")
+        # the attributes the sync reads (the trainer's __init__ builds optimizers and a replay buffer)
+        trainer = object.__new__(LoRASyncActorPPOTrainer if lora_rank else ActorPPOTrainer)
+        trainer.strategy = SimpleNamespace(args=args)
+        trainer.vllm_engines = engines
+        trainer.use_cuda_ipc = False
+        trainer.actor = SimpleNamespace(model=SimpleNamespace(module=model), is_vlm=False)
+        trainer._init_vllm_sync_group("gloo")
 
         results = {"prompt": PROMPT, "tied_embeddings": bool(model.config.tie_word_embeddings), "syncs": []}
+        results["lora_rank"] = lora_rank
         before = engine_prompt_logprobs(engines[0], token_ids)
         results["initial_max_abs_diff"] = (before - model_prompt_logprobs(model, token_ids)).abs().max().item()
         for sync in range(syncs):
             perturb(model, seed=sync + 1, scale=scale)
             target = model_prompt_logprobs(model, token_ids)
-            ActorPPOTrainer.broadcast_to_vllm(trainer)
+            trainer.broadcast_to_vllm()
             after = engine_prompt_logprobs(engines[0], token_ids)
             results["syncs"].append(
                 {
@@ -118,8 +136,10 @@ def main(argv=None):
     parser.add_argument("model_dir")
     parser.add_argument("--syncs", type=int, default=2)
     parser.add_argument("--scale", type=float, default=0.5, help="noise, relative to each weight's std")
+    parser.add_argument("--lora-rank", type=int, default=0, help="train a LoRA adapter of this rank instead")
     options = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    print("SYNC_CHECK " + json.dumps(run(options.model_dir, options.syncs, options.scale)), flush=True)
+    report = run(options.model_dir, options.syncs, options.scale, options.lora_rank)
+    print("SYNC_CHECK " + json.dumps(report), flush=True)
 
 
 if __name__ == "__main__":

@@ -49,6 +49,8 @@
 #       tokens, evaluation every 20 steps with 8 samples per prompt at temperature 0.6 (pass@1 and pass@8, as
 #       the paper reports), bf16, ZeRO-3 (ZeRO-2 for 1.5B), all models colocated with vLLM sleep mode.
 #   The reward is d3s_openrlhf/rewards/math_reward.py (math-verify on the last \boxed{}; no format bonus).
+#   LoRA (LORA_RANK > 0, the qwen2.5-3b-instruct profile: rank 64, alpha 64, all linear layers): the entrypoint
+#       syncs the merged weights to vLLM (README, LoRA); LORA_RANK=0 (every other profile) trains all weights.
 
 D3S_EXAMPLES_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 D3S_ROOT="$(cd "$D3S_EXAMPLES_DIR/../.." && pwd)"
@@ -65,6 +67,13 @@ _d3s_profile() {
         llama3.1-8b-instruct)
             : "${MODEL:=meta-llama/Llama-3.1-8B-Instruct}"
             : "${GPUS_PER_NODE:=8}" "${ZERO_STAGE:=3}" "${TRAIN_MICRO_BATCH:=4}" "${ROLLOUT_MICRO_BATCH:=8}" ;;
+        qwen2.5-3b-instruct)
+            # PODS's own setting: GSM8K, one GPU, LoRA (n = 64 rollouts per prompt, m = 16 kept)
+            : "${MODEL:=Qwen/Qwen2.5-3B-Instruct}"
+            : "${GPUS_PER_NODE:=1}" "${ZERO_STAGE:=2}" "${TRAIN_MICRO_BATCH:=8}" "${ROLLOUT_MICRO_BATCH:=16}"
+            : "${DATA:=data/train_gsm8k.jsonl}" "${EVAL_DATA=data/eval_gsm8k.jsonl}"
+            : "${N_SAMPLES:=64}" "${ROLLOUT_BATCH:=8}" "${TRAIN_BATCH:=128}" "${LR:=1e-5}"
+            : "${MAX_LEN:=1536}" "${MAX_NEW_TOKENS:=1024}" "${LORA_RANK:=64}" "${LORA_ALPHA:=64}" ;;
         *)
             echo "common.sh: unknown MODEL_PROFILE '$MODEL_PROFILE'" >&2
             return 1 ;;
@@ -132,7 +141,7 @@ d3s_launch() {
     : "${N_SAMPLES:=32}" "${ROLLOUT_BATCH:=128}" "${TRAIN_BATCH:=128}"
     : "${NUM_EPISODES:=3}" "${LR:=1e-6}" "${KL_COEF:=1e-3}" "${SEED:=42}"
     : "${MAX_LEN:=4096}" "${MAX_NEW_TOKENS:=3072}"
-    : "${EVAL_STEPS:=20}" "${SAVE_STEPS:=20}" "${VLLM_GPU_UTIL:=0.6}"
+    : "${EVAL_STEPS:=20}" "${SAVE_STEPS:=20}" "${VLLM_GPU_UTIL:=0.6}" "${LORA_RANK:=0}" "${LORA_ALPHA:=16}"
     local reward="d3s_openrlhf/rewards/math_reward.py"
     if [ "$D3S_SHIP" = installed ]; then
         reward="$("${PYTHON:-python3}" -c 'import importlib.util as u; print(u.find_spec("d3s_openrlhf").submodule_search_locations[0])')/rewards/math_reward.py"
@@ -145,6 +154,11 @@ d3s_launch() {
                    --eval.temperature 0.6)
     fi
 
+    local lora_args=()
+    if [ "$LORA_RANK" -gt 0 ]; then
+        lora_args=(--ds.lora.rank "$LORA_RANK" --ds.lora.alpha "$LORA_ALPHA")
+    fi
+
     local args=(
         --actor.model_name_or_path "$MODEL"
         --actor.num_nodes "$NNODES" --actor.num_gpus_per_node "$GPUS_PER_NODE"
@@ -154,6 +168,7 @@ d3s_launch() {
         --train.colocate_all
         --ds.zero_stage "$ZERO_STAGE" --ds.param_dtype bf16 --ds.packing_samples
         --actor.gradient_checkpointing_enable
+        "${lora_args[@]}"
         --reward.remote_url "$REWARD_FUNC"
         --data.prompt_dataset "$DATA" --data.input_key prompt --data.label_key label --data.apply_chat_template
         --data.max_len "$MAX_LEN" --rollout.max_new_tokens "$MAX_NEW_TOKENS"

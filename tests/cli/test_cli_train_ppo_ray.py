@@ -118,6 +118,26 @@ def test_d3s_off_runs_upstream_unchanged(upstream_runs):
     assert run["globals"] == UPSTREAM and run["d3s"] is None
 
 
+def test_lora_with_d3s_off_swaps_in_the_merged_weight_sync_alone(upstream_runs):
+    from d3s_openrlhf.integration.lora_sync import LoRASyncPolicyModelActor
+
+    # LoRA: upstream's weight sync cannot reach vLLM, so the entrypoint swaps its policy actor even with D3S off
+    argv = ["--ds.lora.rank", "8", "--algo.advantage.estimator", "group_norm", "--rollout.n_samples_per_prompt", "1"]
+    with pytest.raises(AssertionError, match="group_norm requires n_samples_per_prompt > 1"):
+        cli.main(argv)
+    (run,) = upstream_runs
+    assert run["argv"] == argv and run["d3s"] is None
+    assert run["globals"] == dict(UPSTREAM, PolicyModelActor=LoRASyncPolicyModelActor)
+    assert _swappable_globals() == UPSTREAM  # for the run only
+
+
+def test_lora_with_tensor_parallelism_is_refused_before_upstream_runs(upstream_runs, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--ds.lora.rank", "8", "--ds.tensor_parallel_size", "2"])
+    assert exit_info.value.code == 2 and not upstream_runs
+    assert "--ds.tensor_parallel_size 1" in capsys.readouterr().err
+
+
 def test_d3s_on_swaps_classes_and_injects_config_for_the_run_only(upstream_runs):
     from d3s_openrlhf.integration.actor import D3SPolicyModelActor
     from d3s_openrlhf.integration.trainer import D3SPPOTrainer, D3SPPOTrainerAsync

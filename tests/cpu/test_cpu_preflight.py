@@ -164,7 +164,7 @@ def runs(monkeypatch):
     """What the D3S entrypoint would hand upstream (argv), with Ray's start recorded instead of done."""
     seen = {"argv": [], "activated": 0}
     monkeypatch.setenv("D3S_OPENRLHF_CPU", "1")
-    monkeypatch.setattr(cli, "run", lambda host_argv, config: seen["argv"].append(list(host_argv)))
+    monkeypatch.setattr(cli, "run", lambda host_argv, config, lora: seen["argv"].append(list(host_argv)))
     monkeypatch.setattr(cli.cpu_runtime, "activate_if_requested", lambda: seen.__setitem__("activated", 1))
     return seen
 

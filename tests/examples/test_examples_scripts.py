@@ -26,11 +26,13 @@ EXPECTED = {
     "qwen2.5-math-7b": QWEN_SETTINGS,
     "qwen2.5-math-1.5b": QWEN_SETTINGS,
     "llama3.1-8b-instruct": {"grpo", "grpo_d3s", "grpo_d3s_i", "gspo_d3s_i", "grpo_pods", "grpo_d1s", "grpo_d2s"},
+    "qwen2.5-3b-instruct": {"grpo_pods"},  # PODS's own setting: LoRA, one GPU
 }
 MODELS = {
     "qwen2.5-math-7b": "Qwen/Qwen2.5-Math-7B",
     "qwen2.5-math-1.5b": "Qwen/Qwen2.5-Math-1.5B",
     "llama3.1-8b-instruct": "meta-llama/Llama-3.1-8B-Instruct",
+    "qwen2.5-3b-instruct": "Qwen/Qwen2.5-3B-Instruct",
 }
 PRESETS = {
     "grpo": "grpo",
@@ -47,7 +49,7 @@ COMMON_VARS = (
     "MODEL DATA EVAL_DATA RAY_ADDRESS NNODES GPUS_PER_NODE ZERO_STAGE TRAIN_MICRO_BATCH ROLLOUT_MICRO_BATCH "
     "CKPT_ROOT RUN_NAME N_SAMPLES ROLLOUT_BATCH TRAIN_BATCH NUM_EPISODES LR KL_COEF SEED MAX_LEN MAX_NEW_TOKENS "
     "EVAL_STEPS SAVE_STEPS VLLM_GPU_UTIL REWARD_FUNC RUNTIME_ENV_JSON RAY_SUBMIT_ARGS D3S_SHIP D3S_LAUNCH "
-    "D3S_PRINT_ONLY D3S_REWARD_FORMAT_WEIGHT D3S_REWARD_TIMEOUT D3S_REWARD_WORKERS PYTHON"
+    "D3S_PRINT_ONLY D3S_REWARD_FORMAT_WEIGHT D3S_REWARD_TIMEOUT D3S_REWARD_WORKERS PYTHON LORA_RANK LORA_ALPHA"
 ).split()
 
 ALL_SCRIPTS = sorted(SCRIPTS.glob("*/*.sh"))
@@ -123,7 +125,7 @@ def test_one_script_per_model_and_setting():
     for path in ALL_SCRIPTS:
         found.setdefault(path.parent.name, set()).add(path.stem)
     assert found == EXPECTED
-    assert len(ALL_SCRIPTS) == 21
+    assert len(ALL_SCRIPTS) == 22
 
 
 @pytest.mark.parametrize("script", ALL_SCRIPTS, ids=SCRIPT_IDS)
@@ -163,7 +165,12 @@ def test_submit_command(script):
     assert f["actor.model_name_or_path"] == MODELS[profile]
     assert (ROOT / f["reward.remote_url"]).resolve() == ROOT / "d3s_openrlhf" / "rewards" / "math_reward.py"
     assert (f["data.input_key"], f["data.label_key"], f["data.apply_chat_template"]) == ("prompt", "label", True)
-    assert f["data.prompt_dataset"] == "data/train_math.jsonl" and f["eval.dataset"] == "data/eval_math.jsonl"
+    data = "gsm8k" if profile == "qwen2.5-3b-instruct" else "math"
+    assert f["data.prompt_dataset"] == f"data/train_{data}.jsonl" and f["eval.dataset"] == f"data/eval_{data}.jsonl"
+    if profile == "qwen2.5-3b-instruct":  # PODS's published setting: LoRA on one GPU, n = 64
+        assert (f["ds.lora.rank"], f["actor.num_gpus_per_node"], f["rollout.n_samples_per_prompt"]) == ("64", "1", "64")
+    else:
+        assert "ds.lora.rank" not in f
     assert f["algo.advantage.estimator"] == "group_norm"
     assert f["actor.policy_loss_type"] == ("gspo" if setting.startswith("gspo") else "ppo")
     gpus = int(f["actor.num_nodes"]) * int(f["actor.num_gpus_per_node"])
@@ -280,7 +287,9 @@ def test_host_flags_parse_with_upstreams_parser():
         _, entry = split_submit(printed_command(script))
         given, host_argv = split_d3s_flags(entry[3:])
         args = parse_host_args(host_argv)
-        assert args.rollout.n_samples_per_prompt == 32 and args.rollout.batch_size == 128, script
+        pods_lora = script.parent.name == "qwen2.5-3b-instruct"  # PODS's n = 64 rollouts of 8 prompts, LoRA
+        assert (args.rollout.n_samples_per_prompt, args.rollout.batch_size) == ((64, 8) if pods_lora else (32, 128))
+        assert args.ds.lora.rank == (64 if pods_lora else 0), script
         assert args.reward.remote_url == "d3s_openrlhf/rewards/math_reward.py", script
         assert given["d3s.preset"] == PRESETS[script.stem], script
 

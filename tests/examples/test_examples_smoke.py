@@ -1,7 +1,8 @@
 """CPU smoke runs of the launch scripts (``python -m d3s_openrlhf.cli.smoke_script``): two real steps of
-``examples/scripts/qwen2.5-math-1.5b/{grpo_d3s,gspo_d3s}.sh`` through the script's own ``ray job submit`` to a
-Ray cluster on 127.0.0.1 (working_dir upload of the checkout included), with the toy model, data and sizes
-swapped in and every other flag as the script sets it; gspo_d3s on two Ray nodes (``--actor.num_nodes 2``).
+``examples/scripts/qwen2.5-math-1.5b/{grpo_d3s,gspo_d3s}.sh`` and of PODS's LoRA setting
+``examples/scripts/qwen2.5-3b-instruct/grpo_pods.sh`` through the script's own ``ray job submit`` to a Ray
+cluster on 127.0.0.1 (working_dir upload of the checkout included), with the toy model, data and sizes swapped in
+and every other flag as the script sets it; gspo_d3s on two Ray nodes (``--actor.num_nodes 2``).
 """
 
 import math
@@ -13,7 +14,7 @@ from d3s_openrlhf.testbed import smoke
 
 pytestmark = pytest.mark.e2e
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "examples" / "scripts" / "qwen2.5-math-1.5b"
+SCRIPTS = Path(__file__).resolve().parents[2] / "examples" / "scripts"
 
 
 @pytest.fixture(scope="module")
@@ -28,14 +29,19 @@ def assert_smoke_run(result, nodes):
     assert list(result.steps) == list(range(1, smoke.STEPS + 1)), f"logged steps {list(result.steps)}\n{log[-4000:]}"
     for step, values in result.steps.items():
         assert math.isfinite(values["policy_loss"]), (step, values["policy_loss"])
-        assert 8 <= values["d3s/n"] <= 32, (step, values["d3s/n"])  # the script's schedule N 8 -> 32 ran
+        assert 8 <= values["d3s/n"] <= 32, (step, values["d3s/n"])  # the script's N ran (D3S: 8 -> 32; PODS: 16)
     assert "_ray_pkg_" in log, "the checkout was not uploaded as the job's working_dir"
     assert f"--actor.num_nodes {nodes}" in log.replace("'", "")
 
 
 # grpo_d3s on one Ray node, gspo_d3s on two (nothing may assume one node): both scripts and both layouts in two
-# runs, which keeps the suite within its time budget
-@pytest.mark.parametrize("setting, nodes", [("grpo_d3s", 1), ("gspo_d3s", 2)])
-def test_script_runs_two_steps_on_cpu(setting, nodes, toy_files, tmp_path):
-    result = smoke.run_script(str(SCRIPTS / f"{setting}.sh"), toy_files, str(tmp_path), nodes=nodes, timeout=600)
+# runs, which keeps the suite within its time budget; PODS's LoRA script past its first merged weight sync
+@pytest.mark.parametrize(
+    "script, nodes",
+    [("qwen2.5-math-1.5b/grpo_d3s", 1), ("qwen2.5-math-1.5b/gspo_d3s", 2), ("qwen2.5-3b-instruct/grpo_pods", 1)],
+)
+def test_script_runs_two_steps_on_cpu(script, nodes, toy_files, tmp_path):
+    result = smoke.run_script(str(SCRIPTS / f"{script}.sh"), toy_files, str(tmp_path), nodes=nodes, timeout=600)
     assert_smoke_run(result, nodes=nodes)
+    if "3b-instruct" in script:
+        assert "--ds.lora.rank 64" in Path(result.log).read_text(errors="replace").replace("'", "")

@@ -72,3 +72,11 @@ def test_patched_upstream_entrypoint_runs_d3s(openrlhf_copy):
     # bad D3S input is rejected by the plugin's validation, naming the flag, before any Ray work
     bad = run_patched(openrlhf_copy, "--d3s.preset", "d3s", "--d3s.k_init", "1.5", "--d3s.dry_run", *HOST)
     assert bad.returncode == 2 and "--d3s.k_init" in bad.stderr
+
+
+def test_patched_upstream_entrypoint_hands_lora_runs_to_the_plugin(openrlhf_copy):
+    # LoRA without any --d3s flag: the plugin's merged weight sync is needed; its pre-flight answers first
+    assert apply(openrlhf_copy).returncode == 0
+    result = run_patched(openrlhf_copy, "--ds.lora.rank", "8", "--ds.tensor_parallel_size", "2", *HOST)
+    assert result.returncode == 2 and "d3s_openrlhf.cli.train_ppo_ray: error" in result.stderr
+    assert "--ds.tensor_parallel_size 1" in result.stderr

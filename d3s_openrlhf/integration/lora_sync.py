@@ -1,0 +1,147 @@
+"""LoRA through vLLM: the actor's weight sync sends the merged weights under the base model's names.
+
+OpenRLHF 0.11.2's ``ActorPPOTrainer.broadcast_to_vllm`` sends ``named_parameters()`` of the model it trains. Under
+``--ds.lora.rank > 0`` that model is a PEFT wrapper: the names carry ``base_model.model.`` and ``.base_layer``, the
+adapter's ``lora_A`` / ``lora_B`` tensors come along, and vLLM's ``load_weights`` fails at the first sync ("There
+is no module or parameter named 'base_model'"; upstream issues #991 and #1081). Upstream generates only with vLLM,
+so LoRA cannot run there at all.
+
+:class:`MergedLoRASync` sends instead, for each LoRA layer, its merged weight ``W + sum over active adapters of
+scale * B @ A`` (``scale = alpha / rank``; dropout applies to the layer's input, never to the weights) under the
+base layer's name (``model.layers.0.self_attn.q_proj.weight``), plus any other parameter that trains. Frozen base
+weights outside the LoRA layers never change, and the engine loaded them from the same checkpoint, so they are not
+sent: the sync moves the adapted layers only, less than upstream's full sync. Adapter tensors are not sent.
+
+The transport is upstream's own (NCCL or gloo broadcast, Ray collective, CUDA IPC under colocation, the prefix
+cache reset): upstream's ``broadcast_to_vllm`` runs once per LoRA layer with the trainer's actor standing in as a
+model whose parameters are that layer's merged weight. Under ZeRO-3 each layer's parameters are gathered by
+themselves, merged and released before the next, so the sync holds one layer whole at a time, as upstream holds
+one parameter. The merge runs in fp32 and is cast back to the base weight's dtype.
+
+With LoRA off the sync is upstream's, unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from typing import Iterator, List, Tuple
+
+import ray
+import torch
+from openrlhf.trainer.ray import ppo_actor
+from peft.tuners.lora import LoraLayer
+from peft.utils.integrations import dequantize_module_weight
+
+from d3s_openrlhf.integration.seams import swapped_globals
+
+PEFT_PREFIX = "base_model.model."
+
+
+def lora_layers(model: torch.nn.Module) -> List[Tuple[str, LoraLayer]]:
+    """(module name, layer) of every LoRA layer of ``model``; empty when it carries no LoRA."""
+    return [(name, module) for name, module in model.named_modules() if isinstance(module, LoraLayer)]
+
+
+def base_name(peft_name: str) -> str:
+    """The name the base model (and vLLM) gives a parameter or module of its PEFT wrapper."""
+    name = peft_name[len(PEFT_PREFIX) :] if peft_name.startswith(PEFT_PREFIX) else peft_name
+    return name.replace(".base_layer", "")
+
+
+def merged_weight(layer: LoraLayer) -> torch.Tensor:
+    """``W + sum_a scale_a * B_a @ A_a`` over the layer's active adapters, in the base weight's dtype, computed in
+    fp32. The layer's parameters must be whole (gathered under ZeRO-3)."""
+    base = layer.get_base_layer()
+    weight = dequantize_module_weight(base)  # the weight itself unless it is quantized (--ds.load_in_4bit)
+    merged = weight.detach().to(torch.float32, copy=True)  # a copy: a gathered weight is released after
+    if not layer.merged:  # a merged layer's base weight already holds its adapters
+        for adapter in layer.active_adapters:
+            if adapter not in layer.lora_A and adapter not in getattr(layer, "lora_embedding_A", {}):
+                continue
+            if getattr(layer, "lora_variant", {}).get(adapter) is not None:
+                raise NotImplementedError(f"weight sync of LoRA variant {layer.lora_variant[adapter]!r} (e.g. DoRA)")
+            merged = merged + layer.get_delta_weight(adapter).detach().float()
+    return merged.to(base.weight.dtype)
+
+
+def _refuse_tied_embedding_adapters(model: torch.nn.Module, layers) -> None:
+    """vLLM ties the LM head to the input embedding (one tensor); an adapter on either one changes one side only."""
+    if not getattr(model.config, "tie_word_embeddings", False):
+        return
+    tied = {id(model.get_input_embeddings()), id(model.get_output_embeddings())}
+    adapted = [name for name, layer in layers if id(layer) in tied]
+    if adapted:
+        raise ValueError(
+            f"LoRA adapters on {', '.join(adapted)}, which the model ties to its "
+            f"{'LM head' if 'embed' in adapted[0] else 'input embedding'} (tie_word_embeddings): vLLM holds one tensor "
+            "for both, so the adapted policy cannot be synced; leave them out of --ds.lora.target_modules "
+            "(the default all-linear does)"
+        )
+
+
+def _gathered(params: List[torch.nn.Parameter]):
+    if any(hasattr(p, "ds_id") for p in params):
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(params)
+    return contextlib.nullcontext()
+
+
+def _as_synced(name: str, tensor: torch.Tensor) -> Tuple[str, torch.Tensor]:
+    # upstream reads ``ds_shape`` for the shape under ZeRO-3; a merged weight is whole, its shape is its own
+    tensor.ds_shape = tensor.shape
+    return name, tensor
+
+
+class MergedLoRASync:
+    """Mixin for ``ActorPPOTrainer``: under LoRA, ``broadcast_to_vllm`` syncs merged weights (module docstring)."""
+
+    def broadcast_to_vllm(self):
+        model = self.actor.model.module
+        layers = lora_layers(model)
+        if not layers:
+            return super().broadcast_to_vllm()
+        _refuse_tied_embedding_adapters(model, layers)
+        in_layers = {id(p) for _, layer in layers for p in layer.parameters()}
+        trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad and id(p) not in in_layers]
+        for name, layer in layers:
+            with _gathered(list(layer.parameters())):
+                weight = merged_weight(layer)
+            self._upstream_sync([_as_synced(base_name(name) + ".weight", weight)])
+            del weight
+        if trainable:  # e.g. modules_to_save; upstream's loop gathers each under ZeRO-3
+            self._upstream_sync([(base_name(n), p) for n, p in trainable])
+
+    def _upstream_sync(self, weights: List[Tuple[str, torch.Tensor]]) -> None:
+        """Upstream's ``broadcast_to_vllm`` with ``weights`` as the named parameters of the model it reads."""
+        actor = self.actor
+        # upstream reads self.actor.model.module.named_parameters() and, for vision-language models, is_vlm
+        self.actor = types.SimpleNamespace(
+            model=types.SimpleNamespace(module=types.SimpleNamespace(named_parameters=lambda: iter(weights))),
+            is_vlm=False,  # the weights are chosen here; upstream's VLM filter keeps trainable ones only
+        )
+        try:
+            super().broadcast_to_vllm()
+        finally:
+            self.actor = actor
+
+
+class LoRASyncActorPPOTrainer(MergedLoRASync, ppo_actor.ActorPPOTrainer):
+    """Upstream's actor trainer with the merged LoRA weight sync."""
+
+
+@ray.remote(num_gpus=1)
+class LoRASyncPolicyModelActor(ppo_actor.PolicyModelActor.__ray_actor_class__):
+    """Upstream's policy actor with :class:`LoRASyncActorPPOTrainer`: what the entrypoint runs under LoRA with D3S
+    off."""
+
+    def init_model_from_pretrained(self, strategy, pretrain, max_steps=None, vllm_engines=None):
+        upstream = super().init_model_from_pretrained
+        with swapped_globals(upstream.__func__, ActorPPOTrainer=LoRASyncActorPPOTrainer):
+            upstream(strategy, pretrain, max_steps, vllm_engines)
+
+
+def lora_swaps() -> Iterator:
+    """The swap (see ``host.run_upstream_main``) under which upstream's ``train_ppo_ray`` syncs merged LoRA weights."""
+    return ((ppo_actor, {"PolicyModelActor": LoRASyncPolicyModelActor}),)

@@ -1,0 +1,181 @@
+"""The merged LoRA weight sync around upstream's real ``ActorPPOTrainer.broadcast_to_vllm``.
+
+Real: a PEFT LoRA model on a tiny Llama (tied embeddings, as the toy and small Qwen2 models), upstream's
+``broadcast_to_vllm`` (its broadcast transport, run once per LoRA layer), a one-rank gloo group for its barrier.
+Stand-ins: the vLLM engines (they record ``update_weight`` calls) and the model-update group (it records what is
+broadcast); PEFT's own ``merge_and_unload`` is the reference for the merged weights.
+"""
+
+import copy
+import socket
+from types import SimpleNamespace as NS
+
+import openrlhf.trainer.ray.ppo_actor as ppo_actor
+import pytest
+import torch
+import torch.distributed as dist
+
+peft = pytest.importorskip("peft")
+
+from d3s_openrlhf.integration.actor import D3SActorPPOTrainer  # noqa: E402
+from d3s_openrlhf.integration.lora_sync import LoRASyncActorPPOTrainer, base_name, lora_layers  # noqa: E402
+
+VOCAB = 96
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def process_group():
+    if dist.is_initialized():
+        yield
+        return
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def tiny_llama(seed=0, dtype=torch.float32, tied=True):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=32,
+        tie_word_embeddings=tied,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).to(dtype)
+
+
+def with_lora(model, target_modules="all-linear", dropout=0.3):
+    config = peft.LoraConfig(
+        task_type=peft.TaskType.CAUSAL_LM, r=4, lora_alpha=16, target_modules=target_modules, lora_dropout=dropout
+    )
+    model = peft.get_peft_model(model, config)
+    torch.manual_seed(1)
+    for _, layer in lora_layers(model):
+        # one factor starts at 0 (a no-op adapter): give both trained-looking values
+        for name, param in layer.named_parameters():
+            if "lora_" in name:
+                torch.nn.init.normal_(param, std=0.1)
+    return model
+
+
+class Recorder:
+    """The vLLM engines and the model-update group of a broadcast sync: what reaches the engines, by name."""
+
+    def __init__(self):
+        self.calls, self.received = [], {}
+        self.update_weight = NS(remote=self._update_weight)
+
+    def _update_weight(self, name, dtype, shape, empty_cache):
+        self.calls.append((name, dtype, tuple(shape)))
+        return name
+
+    def broadcast(self, tensor, src, stream=None):
+        name, dtype, shape = self.calls[-1]
+        assert (tensor.dtype, tuple(tensor.shape)) == (dtype, shape), name
+        self.received[name] = tensor.detach().clone()
+
+
+def trainer_for(model, cls, monkeypatch, zero_stage=2):
+    """A trainer with what ``broadcast_to_vllm`` reads (its __init__ builds optimizers and a replay buffer)."""
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **k: None)
+    monkeypatch.setattr(ppo_actor, "ray", NS(get=lambda refs: refs))  # the stand-in engines answer at once
+    recorder = Recorder()
+    trainer = object.__new__(cls)
+    trainer.actor = NS(model=NS(module=model), is_vlm=False)
+    trainer.strategy = NS(
+        args=NS(
+            ds=NS(zero_stage=zero_stage, tensor_parallel_size=1),
+            vllm=NS(enable_prefix_caching=False, sync_with_ray=False),
+        )
+    )
+    trainer.vllm_engines = [recorder]
+    trainer._model_update_group = recorder
+    trainer.use_cuda_ipc = False
+    return trainer, recorder
+
+
+@pytest.mark.parametrize("cls", [LoRASyncActorPPOTrainer, D3SActorPPOTrainer])
+@pytest.mark.parametrize(
+    "target_modules, tied", [("all-linear", True), (["q_proj", "v_proj", "embed_tokens", "lm_head"], False)]
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_engines_receive_the_merged_weights_under_base_names(
+    cls, target_modules, tied, dtype, process_group, monkeypatch
+):
+    model = with_lora(tiny_llama(dtype=dtype, tied=tied), target_modules)
+    reference = copy.deepcopy(model).merge_and_unload().state_dict()  # PEFT's own merge
+    trainer, recorder = trainer_for(model, cls, monkeypatch)
+    trainer.actor.model.module.train()  # dropout on: it must not reach the weights
+
+    trainer.broadcast_to_vllm()
+
+    layers = [base_name(name) + ".weight" for name, _ in lora_layers(model)]
+    assert list(recorder.received) == layers  # the adapted layers alone, frozen weights are already in the engine
+    assert not any("lora_" in name or "base_model" in name or "base_layer" in name for name in recorder.received)
+    tolerance = dict(atol=0, rtol=0) if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
+    for name, tensor in recorder.received.items():
+        assert tensor.dtype == dtype
+        torch.testing.assert_close(tensor.float(), reference[name].float(), **tolerance)
+        assert not torch.equal(tensor, model.get_parameter(PEFT_BASE(name)).detach())  # the adapter is in it
+
+
+def PEFT_BASE(name):
+    module, _, leaf = name.rpartition(".")
+    return f"base_model.model.{module}.base_layer.{leaf}"
+
+
+def test_a_model_loaded_with_the_synced_weights_computes_the_adapted_policy(process_group, monkeypatch):
+    model = with_lora(tiny_llama())
+    trainer, recorder = trainer_for(model, LoRASyncActorPPOTrainer, monkeypatch)
+    trainer.broadcast_to_vllm()
+
+    engine_model = tiny_llama()  # what the engine loaded from the checkpoint, then the synced weights
+    engine_model.load_state_dict(recorder.received, strict=False)
+    tokens = torch.randint(0, VOCAB, (3, 7))
+    model.eval()
+    torch.testing.assert_close(engine_model(tokens).logits, model(input_ids=tokens).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_without_lora_the_sync_is_upstreams(process_group, monkeypatch):
+    model = tiny_llama()
+    trainer, recorder = trainer_for(model, LoRASyncActorPPOTrainer, monkeypatch)
+    trainer.broadcast_to_vllm()
+    assert list(recorder.received) == [name for name, _ in model.named_parameters()]
+    for name, param in model.named_parameters():
+        assert torch.equal(recorder.received[name], param.detach())
+
+
+def test_trainable_parameters_outside_the_lora_layers_are_synced_too(process_group, monkeypatch):
+    model = with_lora(tiny_llama(), ["q_proj"])
+    norm = model.get_parameter("base_model.model.model.norm.weight")
+    norm.requires_grad_(True)
+    with torch.no_grad():
+        norm.mul_(2.0)
+    trainer, recorder = trainer_for(model, LoRASyncActorPPOTrainer, monkeypatch)
+    trainer.broadcast_to_vllm()
+    assert list(recorder.received)[-1] == "model.norm.weight"
+    assert torch.equal(recorder.received["model.norm.weight"], norm.detach())
+
+
+@pytest.mark.parametrize("target", ["embed_tokens", "lm_head"])
+def test_lora_on_a_tied_embedding_is_refused_with_the_flag_to_change(target, process_group, monkeypatch):
+    # the adapted input embedding and the unadapted output head share one tensor in vLLM: no sync can express it
+    model = with_lora(tiny_llama(tied=True), ["q_proj", target])
+    trainer, recorder = trainer_for(model, LoRASyncActorPPOTrainer, monkeypatch)
+    with pytest.raises(ValueError, match="--ds.lora.target_modules") as error:
+        trainer.broadcast_to_vllm()
+    assert target in str(error.value) and not recorder.calls
