@@ -65,7 +65,7 @@ from openrlhf.utils.loss_utils import (
 
 from d3s_openrlhf.core.entropy import entropy_from_logits
 from d3s_openrlhf.integration.experience_forward import HeadFreeForward, head_free_blocker
-from d3s_openrlhf.integration.host import PG_MASK_KEY, full_logits_requested
+from d3s_openrlhf.integration.host import PG_MASK_KEY, deepcompile_blocker, full_logits_requested
 from d3s_openrlhf.integration.kept_forward import kept_forward_blocker, kept_token_forward
 from d3s_openrlhf.integration.lora_sync import MergedLoRASync
 from d3s_openrlhf.integration.seams import swapped_globals
@@ -414,7 +414,8 @@ def _standing_in(worker, name: str, tap):
 
 
 def _head_free_blocker(strategy, model) -> Optional[str]:
-    return head_free_blocker(model, full_logits_requested(strategy.args), strategy.ring_attn_group)
+    reason = deepcompile_blocker(strategy.args)
+    return reason or head_free_blocker(model, full_logits_requested(strategy.args), strategy.ring_attn_group)
 
 
 @ray.remote(num_gpus=1)

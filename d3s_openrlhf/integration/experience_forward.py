@@ -16,8 +16,9 @@ equal weights their log-probs, and the KL between them, are exactly equal as ups
 Under ZeRO-3 the head's partitioned parameters are gathered once per forward, in addition to upstream's gathering
 for the (empty) head call: one more collective per forward, and every rank makes the same number of forwards.
 
-Where it applies (``head_free_blocker`` returns the reason where it does not): the experience maker asks for it
-(token selection at this step), ``--d3s.full_logits`` is unset, no ring attention, a text model whose logits are the
+Where it applies (``head_free_blocker`` returns the reason where it does not, the model actors add
+``host.deepcompile_blocker``): the experience maker asks for it (token selection at this step), no
+``--ds.deepcompile``, ``--d3s.full_logits`` is unset, no ring attention, a text model whose logits are the
 head's output (``kept_forward.SUPPORTED_MODEL_TYPES``) and whose head is a plain ``nn.Linear`` (a LoRA-wrapped head
 takes upstream's forward).
 """

@@ -320,6 +320,15 @@ def loss_needs_every_token(args) -> Optional[str]:
     return None
 
 
+def deepcompile_blocker(args) -> Optional[str]:
+    """Why the head-free and kept-token forwards step aside for upstream's under ``--ds.deepcompile``, or None.
+    They call the LM head outside the engine's forward, where ZeRO-3's module hooks gather its weight; DeepCompile
+    replaces those hooks with its compiled graph, so the head would be called with its weight still partitioned."""
+    if getattr(args.ds, "deepcompile", False):
+        return "--ds.deepcompile (it replaces the ZeRO-3 hooks that gather the LM head for a call outside the forward)"
+    return None
+
+
 # ── LoRA ──
 
 
@@ -495,4 +504,7 @@ def validate_against_host(config: D3SConfig, host_args) -> D3SPlan:
             "selection never drops a rollout; lower --train.batch_size or --rollout.micro_batch_size, or raise "
             "--rollout.batch_size"
         )
+    reason = deepcompile_blocker(host_args)
+    if reason is not None and config.tokens_enabled:
+        notes.append(f"{reason}: the experience and training forwards build upstream's full logits at every step")
     return D3SPlan(num_prompts, group_size, dp, unit, kept_by_n, tuple(notes))

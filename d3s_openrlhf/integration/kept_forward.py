@@ -12,8 +12,9 @@ head module (not its weight) keeps ZeRO-3's parameter gathering, LoRA and tied e
 
 Where it applies (``kept_forward_blocker`` returns the reason where it does not): a pg mask in the micro-batch,
 ``--actor.policy_loss_type ppo`` (GSPO's sequence ratio needs every token), no KL loss (``--algo.kl.use_loss``),
-no entropy loss (``--actor.entropy_coef``), no ring attention, a text model whose logits are the LM head's output
-(``SUPPORTED_MODEL_TYPES``: no logit soft-capping or scaling after the head), and ``--d3s.full_logits`` unset.
+no entropy loss (``--actor.entropy_coef``), no ``--ds.deepcompile`` (``host.deepcompile_blocker``), no ring
+attention, a text model whose logits are the LM head's output (``SUPPORTED_MODEL_TYPES``: no logit soft-capping or
+scaling after the head), and ``--d3s.full_logits`` unset.
 
 What the trainer sees: ``(action_log_probs, output)`` as from upstream's forward. ``action_log_probs`` (B, A) is the
 current policy's log-prob at the kept tokens and the given detached old log-prob elsewhere, so the ratio of a
@@ -32,7 +33,7 @@ from openrlhf.models import Actor
 from openrlhf.models.ring_attn_utils import unpad_and_slice_tensor
 from torch.utils.checkpoint import checkpoint
 
-from d3s_openrlhf.integration.host import loss_needs_every_token
+from d3s_openrlhf.integration.host import deepcompile_blocker, loss_needs_every_token
 
 # Causal LMs whose forward returns lm_head(final hidden states) as the logits, with nothing applied after the head.
 SUPPORTED_MODEL_TYPES = frozenset(
@@ -71,7 +72,7 @@ def kept_forward_blocker(args, actor: Actor, full_logits: bool, ring_attn_group=
     """Why the kept-token forward cannot replace upstream's training forward here, or None when it can."""
     if full_logits:
         return "--d3s.full_logits is set"
-    reason = loss_needs_every_token(args)
+    reason = loss_needs_every_token(args) or deepcompile_blocker(args)
     if reason is not None:
         return reason
     if ring_attn_group is not None:

@@ -480,6 +480,7 @@ def test_kept_token_forward_only_where_the_loss_reads_kept_tokens_alone(model_di
         "--algo.kl.use_loss": (make_args(algo__kl__use_loss=True), False, None),
         "--actor.entropy_coef": (make_args(actor__entropy_coef=0.0), False, None),
         "ring_attn": (make_args(), False, object()),
+        "--ds.deepcompile": (make_args(ds__deepcompile=True), False, None),  # its compiled graph gathers nothing
     }
     for reason, (args, full_logits, ring_group) in blocked.items():
         assert reason in kept_forward_blocker(args, actor, full_logits, ring_group), reason
@@ -825,6 +826,13 @@ def test_head_free_forward_only_where_the_logits_are_the_heads_output(model_dir,
     actor.model.lm_head = head
     actor.model.config.model_type = "gemma2"  # logits soft-capped after the head
     assert "gemma2" in head_free_blocker(actor, False)
+
+
+def test_the_model_actors_step_aside_for_upstreams_forward_under_deepcompile():
+    from d3s_openrlhf.integration.actor import _head_free_blocker
+
+    strategy = NS(args=make_args(ds__deepcompile=True), ring_attn_group=None)
+    assert "--ds.deepcompile" in _head_free_blocker(strategy, model=None)  # decided before the model is read
 
 
 def test_init_model_swaps_the_trainer_and_keeps_the_given_lr_horizon(model_dir, cpu_cuda):

@@ -213,6 +213,20 @@ def test_split_d3s_flags():
         host.split_d3s_flags(["--d3s.nope", "1"])
 
 
+# ── DeepCompile ──
+
+
+def test_deepcompile_is_said_once_at_launch_where_tokens_are_selected():
+    def notes(*flags, **d3s):
+        config = D3SConfig.from_flags({"preset": "d3s", "n_init": 2, "n_final": 8, **d3s})
+        return host.validate_against_host(config, host.parse_host_args([*SKIP_HOST, *flags])).notes
+
+    assert not [note for note in notes() if "deepcompile" in note]
+    (note,) = [note for note in notes("--ds.deepcompile") if "deepcompile" in note]
+    assert "full logits" in note
+    assert not [note for note in notes("--ds.deepcompile", k_init=1.0, k_final=1.0) if "deepcompile" in note]
+
+
 # ── prompt skipping (the run's steps are then unknown in advance) ──
 
 SKIP_HOST = ["--algo.advantage.estimator", "group_norm", "--rollout.batch_size", "8"]
