@@ -148,6 +148,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         raise SystemExit(2) from exc
     if config.dry_run:
         print(format_plan(config, plan))
+        if lora:
+            print("LoRA (--ds.lora.rank > 0): the policy's weight sync sends the merged LoRA layers to vLLM")
         return
     # D3S_OPENRLHF_CPU=1: the CPU pre-flight of the host flags, then a loopback Ray head with the CPU adjustments
     # in every worker (no-op otherwise). Under the CPU launcher both happened already.

@@ -9,10 +9,11 @@ Both sides build the same stateless gloo group with vLLM's
 ``stateless_init_torch_distributed_process_group``. The engine buffers every received tensor and, on the
 last one of a sync, reloads through vLLM's ``reload_weights``, which re-runs the post-load processing
 (repacking, tied embeddings) exactly as at start-up. That reload must see every weight of each layer it
-touches: a fused layer that gets only part of its weights (``q_proj`` of ``qkv_proj``, as the merged LoRA sync
-sends them layer by layer) is rebuilt with the rest uninitialised (NaN). So the engine keeps the model's weights
-in checkpoint form, read from the checkpoint at its first sync and updated by every received tensor, and reloads
-all of them: one more copy of the weights in the engine process, which the CPU runtime's small models afford.
+touches: a fused layer that gets only part of its weights (``q_proj`` of ``qkv_proj`` alone, when a LoRA run
+adapts ``q_proj`` and ``v_proj`` only) is rebuilt with the rest uninitialised (NaN). So the engine keeps every
+weight it has received, and the checkpoint's (read at its first sync) for the others, and reloads all of them,
+the received ones first: one more copy of the weights in the engine process, which the CPU runtime's small
+models afford.
 """
 
 import torch
@@ -59,7 +60,8 @@ class GlooWeightSyncWorkerExtension:
         rank = torch.distributed.get_rank() + rank_offset
         self._d3s_sync_group = GlooBroadcastGroup(master_address, master_port, rank, world_size)
         self._d3s_received = []
-        self._d3s_weights = None  # name -> the latest weight in checkpoint form, from the first sync on
+        self._d3s_synced = {}  # name -> the latest weight received
+        self._d3s_checkpoint = None  # name -> the checkpoint's weight, read at the first sync
 
     def update_weight(self, name, dtype, shape, empty_cache=False):
         weight = torch.empty(shape, dtype=dtype)
@@ -70,14 +72,17 @@ class GlooWeightSyncWorkerExtension:
 
     def _d3s_load_received(self):
         received, self._d3s_received = self._d3s_received, []
-        if self._d3s_weights is None:
+        self._d3s_synced.update(received)
+        if self._d3s_checkpoint is None:
             from vllm.model_executor.model_loader import get_model_loader
 
             loader = get_model_loader(self.vllm_config.load_config)
             checkpoint = loader.get_all_weights(self.vllm_config.model_config, self.model_runner.get_model())
-            self._d3s_weights = {name: weight.clone() for name, weight in checkpoint}
-        self._d3s_weights.update(received)
-        self.reload_weights(weights_iterator=iter(self._d3s_weights.items()))
+            self._d3s_checkpoint = {name: weight.clone() for name, weight in checkpoint}
+        for name in self._d3s_synced:
+            self._d3s_checkpoint.pop(name, None)
+        weights = [*self._d3s_synced.items(), *self._d3s_checkpoint.items()]
+        self.reload_weights(weights_iterator=iter(weights))
         repack_shared_weights(self.model_runner.get_model())
 
 

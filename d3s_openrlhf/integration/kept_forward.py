@@ -140,12 +140,11 @@ def _kept_log_probs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.
 
 
 def _recomputable(head: torch.nn.Module) -> bool:
-    """Whether the head call can be recomputed in the backward. Not a frozen head under ZeRO-3 (LoRA's): its
-    weight is released after the recompute's forward hook and nothing gathers it again for its backward
-    (``CheckpointError``: a recomputed weight of shape [0]); its kept-token logits are then kept for the backward
-    as a plain module call's are, at most K times upstream's full logits."""
-    params = list(head.parameters())
-    return not (any(hasattr(p, "ds_id") for p in params) and not any(p.requires_grad for p in params))
+    """Whether the head call can be recomputed in the backward. Not with a frozen weight under ZeRO-3 (LoRA's base
+    weight, adapted or not): it is released after the recompute's forward hook and nothing gathers it again for
+    its backward (``CheckpointError``: a recomputed weight of shape [0]); the kept-token logits are then kept for
+    the backward as a plain module call's are, at most K times upstream's full logits."""
+    return not any(hasattr(p, "ds_id") and not p.requires_grad for p in head.parameters())
 
 
 def kept_token_forward(

@@ -14,9 +14,10 @@ sent: the sync moves the adapted layers only, less than upstream's full sync. Ad
 
 The transport is upstream's own (NCCL or gloo broadcast, Ray collective, CUDA IPC under colocation, the prefix
 cache reset): upstream's ``broadcast_to_vllm`` runs once per LoRA layer with the trainer's actor standing in as a
-model whose parameters are that layer's merged weight. Under ZeRO-3 each layer's parameters are gathered by
-themselves, merged and released before the next, so the sync holds one layer whole at a time, as upstream holds
-one parameter. The merge runs in fp32 and is cast back to the base weight's dtype.
+model whose parameters are that layer's merged weight; only the last call tells the engines that the sync ends
+(``empty_cache``). Under ZeRO-3 each layer's parameters are gathered by themselves, merged and released before
+the next, so the sync holds one layer whole at a time, as upstream holds one parameter. The deltas are summed
+onto W in fp32 and cast back to W's dtype.
 
 With LoRA off the sync is upstream's, unchanged.
 """
@@ -50,10 +51,10 @@ def base_name(peft_name: str) -> str:
 
 
 def merged_weight(layer: LoraLayer) -> torch.Tensor:
-    """``W + sum_a scale_a * B_a @ A_a`` over the layer's active adapters, in the base weight's dtype, computed in
-    fp32. The layer's parameters must be whole (gathered under ZeRO-3)."""
-    base = layer.get_base_layer()
-    weight = dequantize_module_weight(base)  # the weight itself unless it is quantized (--ds.load_in_4bit)
+    """``W + sum_a scale_a * B_a @ A_a`` over the layer's active adapters (each delta from PEFT's own
+    ``get_delta_weight``, in the adapter's dtype), summed in fp32 and cast to the dtype of W (dequantized under
+    ``--ds.load_in_4bit``: the engine's dtype). The layer's parameters must be whole (gathered under ZeRO-3)."""
+    weight = dequantize_module_weight(layer.get_base_layer())  # the weight itself unless it is quantized
     merged = weight.detach().to(torch.float32, copy=True)  # a copy: a gathered weight is released after
     if not layer.merged:  # a merged layer's base weight already holds its adapters
         for adapter in layer.active_adapters:
@@ -61,8 +62,8 @@ def merged_weight(layer: LoraLayer) -> torch.Tensor:
                 continue
             if getattr(layer, "lora_variant", {}).get(adapter) is not None:
                 raise NotImplementedError(f"weight sync of LoRA variant {layer.lora_variant[adapter]!r} (e.g. DoRA)")
-            merged = merged + layer.get_delta_weight(adapter).detach().float()
-    return merged.to(base.weight.dtype)
+            merged.add_(layer.get_delta_weight(adapter).detach().float())
+    return merged.to(weight.dtype)
 
 
 def _refuse_tied_embedding_adapters(model: torch.nn.Module, layers) -> None:
@@ -105,26 +106,52 @@ class MergedLoRASync:
         _refuse_tied_embedding_adapters(model, layers)
         in_layers = {id(p) for _, layer in layers for p in layer.parameters()}
         trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad and id(p) not in in_layers]
-        for name, layer in layers:
+        for index, (name, layer) in enumerate(layers):
             with _gathered(list(layer.parameters())):
                 weight = merged_weight(layer)
-            self._upstream_sync([_as_synced(base_name(name) + ".weight", weight)])
+            last = index == len(layers) - 1 and not trainable
+            self._upstream_sync([_as_synced(base_name(name) + ".weight", weight)], last)
             del weight
         if trainable:  # e.g. modules_to_save; upstream's loop gathers each under ZeRO-3
-            self._upstream_sync([(base_name(n), p) for n, p in trainable])
+            self._upstream_sync([(base_name(n), p) for n, p in trainable], last=True)
 
-    def _upstream_sync(self, weights: List[Tuple[str, torch.Tensor]]) -> None:
-        """Upstream's ``broadcast_to_vllm`` with ``weights`` as the named parameters of the model it reads."""
-        actor = self.actor
+    def _upstream_sync(self, weights: List[Tuple[str, torch.Tensor]], last: bool) -> None:
+        """Upstream's ``broadcast_to_vllm`` with ``weights`` as the named parameters of the model it reads; its
+        end-of-sync signal to the engines (``empty_cache`` on the last weight) only when ``last``."""
+        actor, engines = self.actor, self.vllm_engines
         # upstream reads self.actor.model.module.named_parameters() and, for vision-language models, is_vlm
         self.actor = types.SimpleNamespace(
             model=types.SimpleNamespace(module=types.SimpleNamespace(named_parameters=lambda: iter(weights))),
             is_vlm=False,  # the weights are chosen here; upstream's VLM filter keeps trainable ones only
         )
+        if engines is not None and not last:
+            self.vllm_engines = [_MidSync(engine) for engine in engines]
         try:
             super().broadcast_to_vllm()
         finally:
-            self.actor = actor
+            self.actor, self.vllm_engines = actor, engines
+
+
+class _MidSync:
+    """An engine handle whose weight updates never say the sync ends (``empty_cache=False``): an engine that acts
+    at the end of a sync (the CPU runtime's reloads its weights then) acts once per sync, not once per layer."""
+
+    _WEIGHT_UPDATES = ("update_weight", "update_weight_cuda_ipc")
+
+    def __init__(self, engine) -> None:
+        self._engine = engine
+
+    def __getattr__(self, name):  # the weight updates, and reset_prefix_cache etc. as they are
+        attribute = getattr(self._engine, name)
+        return _MidSyncMethod(attribute) if name in self._WEIGHT_UPDATES else attribute
+
+
+class _MidSyncMethod:
+    def __init__(self, method) -> None:
+        self._method = method
+
+    def remote(self, *args, **kwargs):
+        return self._method.remote(*args, **dict(kwargs, empty_cache=False))
 
 
 class LoRASyncActorPPOTrainer(MergedLoRASync, ppo_actor.ActorPPOTrainer):

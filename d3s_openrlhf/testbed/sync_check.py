@@ -40,7 +40,14 @@ def engine_prompt_logprobs(engine, token_ids):
 
 
 def model_prompt_logprobs(model, token_ids):
+    """The prompt's log-probs under ``model`` computed in fp32; a LoRA model is first merged by PEFT in its dtype
+    (bf16), the form in which an engine serves it: the merge's own rounding is not the sync's error."""
+    import copy
+
     import torch
+
+    if hasattr(model, "merge_and_unload"):
+        model = copy.deepcopy(model).merge_and_unload()
 
     ids = torch.tensor([token_ids])
     with torch.no_grad():
@@ -50,7 +57,7 @@ def model_prompt_logprobs(model, token_ids):
 
 
 def perturb(model, seed, scale):
-    """Add seeded Gaussian noise of ``scale`` x each trainable weight's std (at least 0.1 for LoRA factors, which
+    """Add seeded Gaussian noise of ``scale`` x each trainable weight's std (at least 0.2 for LoRA factors, which
     start at 0); the model stays bf16 (what OpenRLHF syncs)."""
     import torch
 
@@ -59,7 +66,7 @@ def perturb(model, seed, scale):
         for name, param in model.named_parameters():
             if not param.requires_grad:
                 continue
-            floor = 0.1 if "lora_" in name else 1e-3
+            floor = 0.2 if "lora_" in name else 1e-3
             noise = torch.randn(param.shape, generator=generator) * (scale * param.float().std().clamp_min(floor))
             param.copy_((param.float() + noise).to(param.dtype))
 
@@ -90,6 +97,7 @@ def run(model_dir, syncs, scale, lora_rank=0):
             lora = peft.LoraConfig(
                 task_type="CAUSAL_LM", r=lora_rank, lora_alpha=2 * lora_rank, target_modules="all-linear"
             )
+            torch.manual_seed(0)  # the adapter's A factor starts random: the same check at every run
             model = peft.get_peft_model(model, lora)
 
         args = SimpleNamespace(

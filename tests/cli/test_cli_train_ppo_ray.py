@@ -337,7 +337,10 @@ def test_dry_run_with_schedule_steps(capsys):
 
 def test_dry_run_with_d3s_off(upstream_runs, capsys):
     cli.main(["--d3s.dry_run", *HOST])
-    assert "D3S is off" in capsys.readouterr().out and upstream_runs == []
+    out = capsys.readouterr().out
+    assert "D3S is off" in out and "LoRA" not in out and upstream_runs == []
+    cli.main(["--d3s.dry_run", *HOST, "--ds.lora.rank", "8"])  # the one change without a --d3s flag is said
+    assert "merged LoRA layers" in capsys.readouterr().out and upstream_runs == []
 
 
 def test_async_mode_validates_and_dry_runs(upstream_runs, capsys):

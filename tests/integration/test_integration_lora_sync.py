@@ -74,11 +74,12 @@ class Recorder:
     """The vLLM engines and the model-update group of a broadcast sync: what reaches the engines, by name."""
 
     def __init__(self):
-        self.calls, self.received = [], {}
+        self.calls, self.received, self.ends = [], {}, []
         self.update_weight = NS(remote=self._update_weight)
 
     def _update_weight(self, name, dtype, shape, empty_cache):
         self.calls.append((name, dtype, tuple(shape)))
+        self.ends.append(empty_cache)
         return name
 
     def broadcast(self, tensor, src, stream=None):
@@ -125,6 +126,7 @@ def test_the_engines_receive_the_merged_weights_under_base_names(
 
     layers = [base_name(name) + ".weight" for name, _ in lora_layers(model)]
     assert list(recorder.received) == layers  # the adapted layers alone, frozen weights are already in the engine
+    assert recorder.ends == [False] * (len(layers) - 1) + [True]  # one end of sync, as upstream's single loop
     assert not any("lora_" in name or "base_model" in name or "base_layer" in name for name in recorder.received)
     tolerance = dict(atol=0, rtol=0) if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
     for name, tensor in recorder.received.items():
@@ -155,6 +157,7 @@ def test_without_lora_the_sync_is_upstreams(process_group, monkeypatch):
     trainer, recorder = trainer_for(model, LoRASyncActorPPOTrainer, monkeypatch)
     trainer.broadcast_to_vllm()
     assert list(recorder.received) == [name for name, _ in model.named_parameters()]
+    assert recorder.ends == [False] * (len(recorder.ends) - 1) + [True]
     for name, param in model.named_parameters():
         assert torch.equal(recorder.received[name], param.detach())
 
@@ -167,7 +170,7 @@ def test_trainable_parameters_outside_the_lora_layers_are_synced_too(process_gro
         norm.mul_(2.0)
     trainer, recorder = trainer_for(model, LoRASyncActorPPOTrainer, monkeypatch)
     trainer.broadcast_to_vllm()
-    assert list(recorder.received)[-1] == "model.norm.weight"
+    assert list(recorder.received)[-1] == "model.norm.weight" and recorder.ends[-2:] == [False, True]
     assert torch.equal(recorder.received["model.norm.weight"], norm.detach())
 
 
