@@ -101,8 +101,12 @@ def test_async_with_dynamic_filtering(toy_sft, run_pipeline, assert_clean_run, t
     run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "async", config), name="async")
     assert_skipping_run(run, assert_clean_run)
     groups, easy = generated_groups(log)
-    skipped = sum(values["d3s/skipped_prompts"] - values["d3s/refilled_prompts"] for values in run.steps.values())
-    assert skipped > 0 and skipped == 3 * PROMPTS - sum(groups.values()), (skipped, sum(groups.values()))
+    skipped = sum(values["d3s/skipped_prompts"] for values in run.steps.values())
+    refilled = sum(values["d3s/refilled_prompts"] for values in run.steps.values())
+    assert skipped > 0, "no candidate was skipped before generation"
+    # the filter's extra draws can reach an epoch's end, whose short batch takes skipped prompts back (refilled):
+    # how many depends on the async timing; each prompt is still counted once
+    assert skipped - refilled == 3 * PROMPTS - sum(groups.values()), (skipped, refilled, sum(groups.values()))
     assert all(re.match(r"\d+\+\d+=", prompt) for prompt in groups)
 
 
