@@ -84,8 +84,10 @@ def test_easy_prompts_are_skipped_after_the_first_epoch(toy_sft, run_pipeline, a
     easy_later = sum(groups[prompt] - 1 for prompt in easy)
     assert easy_later <= 0.5 * (EPOCHS - 1) * len(easy), (easy_later, len(easy), run.tail())
     skipped = sum(values["d3s/skipped_prompts"] - values["d3s/refilled_prompts"] for values in run.steps.values())
-    # every visit was generated or skipped, once (refilled prompts fill an epoch's last batch)
-    assert skipped == EPOCHS * PROMPTS - sum(groups.values()), (skipped, sum(groups.values()))
+    # every visit was generated or skipped, once (refilled prompts fill an epoch's last batch); skips after the
+    # run's last step are counted but never logged (no step follows them): at most the last epoch's rest
+    unlogged = EPOCHS * PROMPTS - sum(groups.values()) - skipped
+    assert 0 <= unlogged < PROMPTS, (skipped, sum(groups.values()))
     # no short batch: every step trained a whole batch of 4 prompts
     assert all(values["rollout/num_samples"] == 4 * GROUP for values in run.steps.values())
     assert taken < EPOCHS * PROMPTS // 4  # fewer steps than the epochs of 4 full batches each
