@@ -32,6 +32,7 @@ helpers = _pipeline_helpers()
 BASE, STEPS, CROSS = helpers.BASE, helpers.STEPS, helpers.CROSS
 LORA = ["--ds.lora.rank", "8", "--ds.lora.alpha", "16"]
 PACKED = ["--ds.packing_samples", "--ds.attn_implementation", "flash_attention_2"]
+CHECKPOINTING = ["--actor.gradient_checkpointing_enable"]
 
 
 def ppo_args(toy_sft, tmp_path, name, config):
@@ -45,23 +46,14 @@ def test_lora_zero2_padded(toy_sft, run_pipeline, assert_clean_run, tmp_path):
     helpers.assert_kept_counts(run, helpers.expected_schedule(CROSS, config, STEPS))
 
 
-def test_lora_zero3_two_ranks_packed(toy_sft, run_pipeline, assert_clean_run, tmp_path):
-    # the kept-token LM head under ZeRO-3 with a frozen (LoRA) head: its recompute in backward found the weight
-    # released (CheckpointError) before the fix
+# packed: the kept-token LM head under ZeRO-3 with a frozen (LoRA) head, whose recompute in backward found the
+# weight released (CheckpointError) before the fix; padded with gradient checkpointing: the second setting
+@pytest.mark.parametrize("name, flags", [("zero3", PACKED), ("ckpt", CHECKPOINTING)], ids=["packed", "padded_ckpt"])
+def test_lora_zero3_two_ranks(name, flags, toy_sft, run_pipeline, assert_clean_run, tmp_path):
     config = dataclasses.replace(
-        BASE, actor_gpus=2, zero_stage=3, micro_batch_size=8, extra=helpers.d3s_flags(**CROSS) + LORA + PACKED
+        BASE, actor_gpus=2, zero_stage=3, micro_batch_size=8, extra=helpers.d3s_flags(**CROSS) + LORA + flags
     )
-    run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "zero3", config), name="zero3")
-    assert_clean_run(run, range(1, STEPS + 1))
-    helpers.assert_kept_counts(run, helpers.expected_schedule(CROSS, config, STEPS))
-
-
-def test_lora_zero3_two_ranks_padded_gradient_checkpointing(toy_sft, run_pipeline, assert_clean_run, tmp_path):
-    checkpointing = ["--actor.gradient_checkpointing_enable"]
-    config = dataclasses.replace(
-        BASE, actor_gpus=2, zero_stage=3, micro_batch_size=8, extra=helpers.d3s_flags(**CROSS) + LORA + checkpointing
-    )
-    run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "ckpt", config), name="ckpt")
+    run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, name, config), name=name)
     assert_clean_run(run, range(1, STEPS + 1))
     helpers.assert_kept_counts(run, helpers.expected_schedule(CROSS, config, STEPS))
 

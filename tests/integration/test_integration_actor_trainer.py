@@ -12,7 +12,6 @@ OpenRLHF makes unconditionally (``torch.cuda.current_device/synchronize/empty_ca
 import copy
 import math
 import os
-import socket
 import subprocess
 import sys
 from types import SimpleNamespace as NS
@@ -69,23 +68,6 @@ def model_dir(tmp_path_factory):
     special = dict(unk_token="<unk>", pad_token="<pad>", eos_token="</s>")
     PreTrainedTokenizerFast(tokenizer_object=tok, **special).save_pretrained(path)
     return str(path)
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def process_group():
-    """A one-rank gloo group (ActorPPOTrainer's barrier, the loss normalisers' all-reduces, the device mesh)."""
-    if dist.is_initialized():
-        yield
-        return
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def point_cuda_at_cpu(monkeypatch):
@@ -646,8 +628,8 @@ def two_rank_worker(rank, port, model_dir, out):
     dist.destroy_process_group()
 
 
-def test_two_gloo_ranks_give_the_gradient_of_one_rank_with_both_halves(model_dir, cpu_cuda, tmp_path):
-    out, port = tmp_path / "grads.pt", free_port()
+def test_two_gloo_ranks_give_the_gradient_of_one_rank_with_both_halves(model_dir, cpu_cuda, tmp_path, free_port):
+    out, port = tmp_path / "grads.pt", free_port
     env = dict(os.environ, OMP_NUM_THREADS="1")
     workers = [
         subprocess.Popen(

@@ -7,13 +7,11 @@ broadcast); PEFT's own ``merge_and_unload`` is the reference for the merged weig
 """
 
 import copy
-import socket
 from types import SimpleNamespace as NS
 
 import openrlhf.trainer.ray.ppo_actor as ppo_actor
 import pytest
 import torch
-import torch.distributed as dist
 
 peft = pytest.importorskip("peft")
 
@@ -21,22 +19,6 @@ from d3s_openrlhf.integration.actor import D3SActorPPOTrainer  # noqa: E402
 from d3s_openrlhf.integration.lora_sync import LoRASyncActorPPOTrainer, base_name, lora_layers  # noqa: E402
 
 VOCAB = 96
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def process_group():
-    if dist.is_initialized():
-        yield
-        return
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def tiny_llama(seed=0, dtype=torch.float32, tied=True):
