@@ -237,8 +237,12 @@ class Cluster:
                 "--include-dashboard", "true", "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard_port),
                 "--ray-client-server-port", str(_free_port()), "--temp-dir", self.temp_dir, "--disable-usage-stats",
             )  # fmt: skip
-            for _ in range(self.nodes - 1):
-                self._ray("--address", f"127.0.0.1:{gcs_port}", *self._node_ports())
+            # each node its own temp dir, as on separate machines: a joining node shares the head's by default, and
+            # two runtime-env agents unpacking the job's working_dir into one directory race (a job once imported
+            # from a half-unpacked checkout: "No module named d3s_openrlhf.integration.actor")
+            for node in range(1, self.nodes):
+                node_dir = os.path.join(self.temp_dir, f"n{node}")
+                self._ray("--address", f"127.0.0.1:{gcs_port}", *self._node_ports(), "--temp-dir", node_dir)
         except BaseException:
             self.stop()
             raise

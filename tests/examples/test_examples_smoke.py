@@ -12,8 +12,6 @@ import pytest
 
 from d3s_openrlhf.testbed import smoke
 
-pytestmark = pytest.mark.e2e
-
 SCRIPTS = Path(__file__).resolve().parents[2] / "examples" / "scripts"
 
 
@@ -40,8 +38,22 @@ def assert_smoke_run(result, nodes):
     "script, nodes",
     [("qwen2.5-math-1.5b/grpo_d3s", 1), ("qwen2.5-math-1.5b/gspo_d3s", 2), ("qwen2.5-3b-instruct/grpo_pods", 1)],
 )
+@pytest.mark.e2e
 def test_script_runs_two_steps_on_cpu(script, nodes, toy_files, tmp_path):
     result = smoke.run_script(str(SCRIPTS / f"{script}.sh"), toy_files, str(tmp_path), nodes=nodes, timeout=600)
     assert_smoke_run(result, nodes=nodes)
     if "3b-instruct" in script:
         assert "--ds.lora.rank 64" in Path(result.log).read_text(errors="replace").replace("'", "")
+
+
+def test_every_node_of_the_local_cluster_has_its_own_temp_dir(monkeypatch):
+    # as on separate machines: two nodes' runtime-env agents unpacking the job's working_dir into one shared
+    # session directory raced, and a two-node job imported a half-unpacked checkout
+    starts = []
+    monkeypatch.setattr(smoke.Cluster, "_ray", lambda self, *args: starts.append(args))
+    with smoke.Cluster(nodes=3) as cluster:
+        temp_dirs = [args[args.index("--temp-dir") + 1] for args in starts]
+        assert len(starts) == 3 and len(set(temp_dirs)) == 3
+        assert all(d.startswith(cluster.temp_dir) for d in temp_dirs)
+        # Ray's Unix sockets live under <temp dir>/session_<date>_<time>_<pid>/sockets/ (at most 107 characters)
+        assert max(map(len, temp_dirs)) + len("/session_2026-11-25_14-52-30_737797_1234567/sockets/plasma_store") < 107
