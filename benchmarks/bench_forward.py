@@ -10,10 +10,15 @@ Experience-making forward (no grad), what a step with K < 1 computes:
 * ``full_logits``:    upstream's forward plus the entropy of its logits (D3S with ``--d3s.full_logits``);
 * ``head_free``:      ``experience_forward.head_free_log_probs`` (log-probs and entropy, chunked, no full logits).
 
-Training step (forward and backward of a token-mean PG loss):
-* ``upstream``:       OpenRLHF's ``Actor.forward`` over every position (also D3S's path at K = 1, and with
-                      ``--d3s.full_logits``);
-* ``kept K``:         ``kept_forward.kept_token_forward`` with the LM head at the ceil(K * A) kept tokens only.
+Training step (forward and backward of a token-mean PG loss over the kept tokens; ``kl``: plus a k3 KL loss over
+every action token, as the paper-scale scripts' ``--algo.kl.use_loss``):
+* ``upstream torch``:  OpenRLHF's ``Actor.forward`` over every position with its torch log-prob fallback (what runs
+                       here: no flash-attn Triton kernel on a CPU);
+* ``upstream triton``: the same with the memory profile of flash-attn's Triton cross-entropy, upstream's path on a
+                       GPU (``upstream_logprobs.TritonCrossEntropyProfile``);
+* ``ours K``:          ``training_forward.training_forward``: log-probs from the hidden states, at the ceil(K * A)
+                       kept tokens (``pg``), or at every action token (``kl``; and ``K=1``, what
+                       ``--d3s.chunked_logits`` runs at a step without token selection).
 
 Peak = the maximum bytes held by torch's CPU allocator above the level at the call's start (torch.profiler
 ``[memory]`` events, exact, no CUDA needed); time = wall time of a separate, unprofiled call, best of ``--repeats``.
@@ -34,11 +39,13 @@ from pathlib import Path
 import torch
 from memory_probe import MIB, peak_allocated_bytes  # benchmarks/ is sys.path[0] when this file runs
 from openrlhf.models import Actor
+from openrlhf.models.utils import compute_approx_kl
 from transformers import Qwen2Config, Qwen2ForCausalLM
+from upstream_logprobs import install_triton_profile
 
 from d3s_openrlhf.core.entropy import entropy_from_logits
 from d3s_openrlhf.integration.experience_forward import head_free_log_probs
-from d3s_openrlhf.integration.kept_forward import kept_token_forward
+from d3s_openrlhf.integration.training_forward import training_forward
 
 
 def best_seconds(fn, repeats: int) -> float:
@@ -97,28 +104,52 @@ def experience_variants(actor, sequences, attention_mask, action_mask):
 def training_variants(actor, sequences, attention_mask, action_mask, advantages, fractions):
     with torch.no_grad():
         old = actor(sequences, action_mask, attention_mask)
+    reference = old - 0.05
     scores = advantages.abs() * torch.rand(advantages.shape, generator=torch.Generator().manual_seed(1))
 
-    def step(forward, pg_mask):
-        actor.zero_grad(set_to_none=True)
-        log_probs = forward(pg_mask)
-        loss = -(torch.exp(log_probs - old) * advantages * pg_mask).sum() / pg_mask.sum().clamp(min=1)
-        loss.backward()
-        actor.zero_grad(set_to_none=True)  # the gradient buffers are the same in every variant
+    def step(forward, pg_mask, kl):
+        def run():
+            actor.zero_grad(set_to_none=True)
+            log_probs = forward(pg_mask)
+            loss = -(torch.exp(log_probs - old) * advantages * pg_mask).sum() / pg_mask.sum().clamp(min=1)
+            if kl:
+                loss = loss + 0.01 * compute_approx_kl(log_probs, reference, kl_estimator="k3").mean()
+            loss.backward()
+            actor.zero_grad(set_to_none=True)  # the gradient buffers are the same in every variant
+
+        return run
 
     def upstream(pg_mask):
         return actor(sequences, action_mask, attention_mask)
 
-    def kept(pg_mask):
-        return kept_token_forward(actor, sequences, action_mask, attention_mask, pg_mask=pg_mask, fill_log_probs=old)
+    def upstream_triton(pg_mask):
+        with install_triton_profile():
+            return actor(sequences, action_mask, attention_mask)
 
-    variants = {"upstream": lambda: step(upstream, action_mask)}
+    def kept(pg_mask):
+        return training_forward(
+            actor, sequences, action_mask, attention_mask, log_prob_mask=pg_mask, fill_log_probs=old
+        )
+
+    def every(pg_mask):
+        return training_forward(actor, sequences, action_mask, attention_mask)
+
     width = action_mask.shape[1]
+    masks = {}
     for fraction in fractions:
-        keep = max(1, math.ceil(fraction * width))
-        pg_mask = torch.zeros_like(action_mask)
-        pg_mask[0, scores[0].topk(keep).indices] = True
-        variants[f"kept {fraction:g}"] = lambda pg_mask=pg_mask: step(kept, pg_mask)
+        masks[fraction] = torch.zeros_like(action_mask)
+        masks[fraction][0, scores[0].topk(max(1, math.ceil(fraction * width))).indices] = True
+    variants = {}
+    for kl in (False, True):
+        tag = "kl" if kl else "pg"
+        variants[f"upstream torch, {tag}"] = step(upstream, action_mask, kl)
+        variants[f"upstream triton, {tag}"] = step(upstream_triton, action_mask, kl)
+        if kl:  # every action token's log-prob, whatever K: one K shows it
+            variants[f"ours K={fractions[-1]:g}, kl"] = step(every, masks[fractions[-1]], kl)
+            continue
+        for fraction, pg_mask in masks.items():
+            variants[f"ours K={fraction:g}, pg"] = step(kept, pg_mask, kl)
+        variants["ours K=1, pg"] = step(every, action_mask, kl)
     return variants
 
 
@@ -127,7 +158,7 @@ def measure(variants, repeats):
     for name, fn in variants.items():
         fn()  # warm-up: lazy initialisation is not part of the step
         out[name] = {"peak_mib": peak_allocated_bytes(fn)[1] / MIB, "seconds": best_seconds(fn, repeats)}
-        print(f"  {name:12s} peak {out[name]['peak_mib']:9.1f} MiB   {out[name]['seconds']:7.2f} s", flush=True)
+        print(f"  {name:22s} peak {out[name]['peak_mib']:9.1f} MiB   {out[name]['seconds']:7.2f} s", flush=True)
     return out
 
 
@@ -154,9 +185,8 @@ def main() -> None:
         training = measure(
             training_variants(actor, sequences, attention_mask, action_mask, advantages, args.fractions), args.repeats
         )
-        rows.append(
-            {"tokens": tokens, "logits_fp32_mib": tokens * args.vocab * 4 / MIB, "experience": experience, "training": training}
-        )
+        logits_mib = tokens * args.vocab * 4 / MIB
+        rows.append({"tokens": tokens, "logits_fp32_mib": logits_mib, "experience": experience, "training": training})
 
     result = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

@@ -3,8 +3,8 @@
     .venv/bin/python benchmarks/report.py [--results benchmarks/results]
 
 Reads ``step_cost.json`` (bench_step_cost.py), ``learning_study.json`` (bench_learning.py, section 2),
-``selection.json`` (bench_selection.py), ``memory.json``, ``forward.json`` and ``prompt_skip.json``
-(bench_learning.py --parts skip, section 6). ``--study learning_study.json
+``selection.json`` (bench_selection.py), ``memory.json``, ``forward.json``, ``forward_gpu.json`` (where a GPU
+ran it) and ``prompt_skip.json`` (bench_learning.py --parts skip, section 6). ``--study learning_study.json
 --output STUDY.md`` instead writes the study alone (tables, Welch tests, the claims, ``STUDY.png``). Every number,
 comparison and verdict in the document is computed from those files (by ``benchmarks/reporting/``; this file parses
 the command line and assembles the document), so a rerun of ``benchmarks/run_all.sh`` regenerates the whole
@@ -21,6 +21,7 @@ from reporting.claims import claims  # benchmarks/ is sys.path[0] when this file
 from reporting.prompt_skip import skip_section
 from reporting.sections import (
     forward_section,
+    gpu_forward_section,
     memory_section,
     plot_step_cost,
     selection_section,
@@ -103,6 +104,8 @@ def main(argv=None):
         document += [*memory_section(json.loads((results / "memory.json").read_text())), ""]
     if (results / "forward.json").exists():
         document += [*forward_section(json.loads((results / "forward.json").read_text())), ""]
+        gpu = results / "forward_gpu.json"
+        document += [*gpu_forward_section(json.loads(gpu.read_text()) if gpu.exists() else None), ""]
     if (results / "prompt_skip.json").exists():
         document += [*skip_section(results / "prompt_skip.json", 6), ""]
     Path(options.output).write_text("\n".join(document))

@@ -220,8 +220,12 @@ def forward_section(forward):
         f"wall time (best of {forward['repeats']}). "
         "Experience-making forward at a step with K < 1: upstream's log-prob forward; the same plus the entropy of "
         "its logits (`--d3s.full_logits`); the head-free forward (log-probs and entropy from the hidden states, chunk "
-        "by chunk). Training step (forward and backward of the PG loss): upstream's forward over every position "
-        "(also what runs at K = 1) against the LM head at the ceil(K·A) kept tokens only.",
+        "by chunk). Training step (forward and backward of the PG loss over the kept tokens; `kl`: plus a k3 KL loss "
+        "over every action token, the paper-scale scripts' `--algo.kl.use_loss`): upstream's forward over every "
+        "position, with its torch log-prob fallback (what runs on a CPU) and with the memory profile of flash-attn's "
+        "Triton cross-entropy (its path on a GPU, the cheaper one), against ours: the log-probs from the hidden "
+        "states at the ceil(K·A) kept tokens (`pg`), or at every action token (`kl`, and K = 1, what "
+        "`--d3s.chunked_logits` runs).",
         "",
         "| T | fp32 logits | experience: upstream | + entropy (full logits) | head-free | ratio to upstream |",
         "|---:|---:|---:|---:|---:|---:|",
@@ -235,23 +239,21 @@ def forward_section(forward):
             f"{exp['head_free']['seconds']:.2f} s | {exp['head_free']['peak_mib'] / exp['upstream']['peak_mib']:.2f}× "
             f"memory, {exp['head_free']['seconds'] / exp['upstream']['seconds']:.2f}× time |"
         )
-    kept_names = [name for name in forward["rows"][0]["training"] if name != "upstream"]
     lines += [
         "",
-        "| T | training: upstream (K = 1) | " + " | ".join(f"{name}" for name in kept_names) + " |",
-        "|---:|---:|" + "---:|" * len(kept_names),
+        "| T | loss | training step | peak MiB | × upstream triton | × upstream torch | seconds | × upstream torch |",
+        "|---:|---|---|---:|---:|---:|---:|---:|",
     ]
     for row in forward["rows"]:
         train = row["training"]
-        base = train["upstream"]
-        cells = [f"{base['peak_mib']:,.0f} MiB, {base['seconds']:.2f} s"]
-        for name in kept_names:
-            cell = train[name]
-            cells.append(
-                f"{cell['peak_mib']:,.0f} MiB ({cell['peak_mib'] / base['peak_mib']:.2f}×), {cell['seconds']:.2f} s "
-                f"({cell['seconds'] / base['seconds']:.2f}×)"
+        for name, cell in train.items():
+            variant, tag = name.rsplit(", ", 1)
+            triton, torch_ = train[f"upstream triton, {tag}"], train[f"upstream torch, {tag}"]
+            lines.append(
+                f"| {row['tokens']:,} | {tag} | {variant} | {cell['peak_mib']:,.0f} | "
+                f"{cell['peak_mib'] / triton['peak_mib']:.2f} | {cell['peak_mib'] / torch_['peak_mib']:.2f} | "
+                f"{cell['seconds']:.2f} | {cell['seconds'] / torch_['seconds']:.2f} |"
             )
-        lines.append(f"| {row['tokens']:,} | " + " | ".join(cells) + " |")
     # the model's shape is recorded in its description only, e.g. "Qwen2-like, vocabulary 151,936, hidden 896, ..."
     vocab, hidden = re.search(r"vocabulary ([\d,]+), hidden (\d+)", forward["model"]).groups()
     vocab, hidden = int(vocab.replace(",", "")), int(hidden)
@@ -259,9 +261,34 @@ def forward_section(forward):
         "",
         "The peaks include what every variant holds alike: the model body's activations and, in the training step, "
         f"the gradient of the tied {vocab:,} × {hidden} embedding ({vocab * hidden * 4 / MIB:,.0f} MiB fp32), which "
-        "dominates the kept-token peak at short T; the LM head's logits are what changes. At K = 1 there is no token "
-        "mask and upstream's forward runs unchanged, so it is never slower there.",
+        "dominates our peak at short T; the LM head's logits are what changes. The triton column is a memory "
+        "profile, not a speed: its time here is the stand-in's. At K = 1 without `--d3s.chunked_logits` upstream's "
+        "forward runs unchanged.",
     ]
+    return lines
+
+
+def gpu_forward_section(forward_gpu):
+    """The same comparison on a GPU (bench_forward_gpu.py), or how to get it where it has not run."""
+    lines = ["### On a GPU", ""]
+    command = "`PYTHONPATH=$PWD python benchmarks/bench_forward_gpu.py` (torch and transformers only)"
+    if forward_gpu is None:
+        return lines + [
+            f"Not run yet: no GPU was available to this project when the forwards changed. {command} writes "
+            "`benchmarks/results/forward_gpu.json` and its table (Qwen2.5-7B's vocabulary and hidden size, bf16, "
+            "T = 1k to 8k, K = 0.05, 0.2, 1, KL loss off and on), which `report.py` then puts here."
+        ]
+    lines += [f"Command: {command} ({forward_gpu['date']}, {forward_gpu['machine']}; {forward_gpu['model']}).", ""]
+    lines += ["| T | KL loss | variant | peak MiB | × triton | ms | × triton |", "|---:|---|---|---:|---:|---:|---:|"]
+    for row in forward_gpu["rows"]:
+        for kl, cells in row["training"].items():
+            base = cells["upstream triton"]
+            for name, cell in cells.items():
+                lines.append(
+                    f"| {row['tokens']:,} | {kl} | {name} | {cell['peak_mib']:,.0f} | "
+                    f"{cell['peak_mib'] / base['peak_mib']:.2f} | {cell['seconds'] * 1e3:.1f} | "
+                    f"{cell['seconds'] / base['seconds']:.2f} |"
+                )
     return lines
 
 

@@ -211,11 +211,17 @@ class D3SConfig:
     skip_rate: float = _option(0.05, "the skip probability's adaptation step per training step, > 0", float)
     full_logits: bool = _option(
         False,
-        "compute upstream's full-vocabulary logits in every forward; by default, at steps with K < 1 the "
-        "experience-making forwards of the actor and the reference compute log-probs and entropy chunk by chunk "
-        "from the final hidden states (no (B, S, V) logits), and training steps whose loss reads the kept tokens' "
-        "log-probs only (PPO-clip, no KL loss, no entropy loss, no ring attention) apply the LM head at the kept "
-        "tokens alone, so the training step's logit memory is about K times upstream's",
+        "compute upstream's full-vocabulary logits in every forward. By default, at steps with K < 1 the actor's "
+        "and the reference's forwards compute the log-probs (and entropy) from the final hidden states, one block of "
+        "logits at a time (no (B, S, V) logits): the experience-making forwards at the action tokens, the training "
+        "forward at the kept tokens when the loss reads only those (PPO-clip) and at every action token otherwise "
+        "(KL loss, GSPO, entropy bonus)",
+        bool,
+    )
+    chunked_logits: bool = _option(
+        False,
+        "compute the log-probs (and entropy) without full logits, as at K < 1, at every step: also at K = 1 and "
+        "with sample selection alone (PODS)",
         bool,
     )
     dry_run: bool = _option(
@@ -257,7 +263,7 @@ class D3SConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
                 bad(name, "must be an int >= 0")
-        for name in ("full_logits", "dry_run"):
+        for name in ("full_logits", "chunked_logits", "dry_run"):
             if not isinstance(getattr(self, name), bool):
                 bad(name, "must be a bool")
         try:  # the skip options' ranges are the policy's own
@@ -265,6 +271,8 @@ class D3SConfig:
         except ValueError as error:
             parameter, _, requirement = str(error).partition(" must be ")
             bad(_SKIP_FIELDS[parameter], "must be " + requirement.rsplit(", got ", 1)[0])
+        if self.full_logits is True and self.chunked_logits is True:
+            bad("chunked_logits", "contradicts --d3s.full_logits=True (upstream's full logits everywhere); set one")
         if self.advantage_mode == "subset" and self.sample_rule == "none":
             bad(
                 "advantage_mode",
@@ -293,8 +301,8 @@ class D3SConfig:
 
     @property
     def enabled(self) -> bool:
-        """Whether D3S changes anything (prompt skipping, sample or token selection)."""
-        return self.samples_enabled or self.tokens_enabled or self.skip_enabled
+        """Whether D3S changes anything (prompt skipping, sample or token selection, the forwards at K = 1)."""
+        return self.samples_enabled or self.tokens_enabled or self.skip_enabled or self.chunked_logits
 
     def skip_policy(self) -> PromptSkipPolicy:
         """A fresh prompt-skip policy with these options."""

@@ -10,31 +10,59 @@ The matmul runs in the inputs' dtype (as the model's lm_head does), its result i
 the temperature, exactly the arithmetic of upstream's forward, but on ``chunk_size`` positions at a time, so the
 logits never exist beyond one (chunk_size, V) block (plus a few same-size temporaries).
 
-Gradients flow to ``hidden``, ``weight`` and ``bias`` through the log-probs: the backward recomputes each chunk's
-logits from the saved inputs and the per-position logsumexp (saved, (N,) fp32), so it too holds one chunk of
-logits at a time, plus an fp32 accumulator the size of ``weight`` (and ``bias``) for their gradients. The
-entropy is returned detached (not differentiable): it is a diagnostic and a selection score, never a loss term
-here; differentiating it would need a second set of per-chunk statistics.
+Gradients flow to ``hidden``, ``weight`` and ``bias`` through both outputs (the entropy's, for an entropy bonus:
+dH/dz_v = -p_v (z_v - logsumexp(z) + H)). The forward goes through the positions ``chunk_size`` rows at a time;
+the backward goes through the vocabulary ``vocab_block`` columns at a time, recomputing the (N, vocab_block) logits
+of every position from the saved inputs and the per-position logsumexp and entropy (saved, (N,) fp32). So each
+block of the weight gradient is one matmul over all positions, written once (no accumulator the size of the
+weight), and the hidden-state gradient is summed over the vocabulary blocks in fp32 (each block's product in the
+inputs' dtype; (N, H), V/H times smaller than the logits).
+
+Sizes: both blocks come from a byte budget (:func:`chunk_budget_bytes`: 256 MiB on a CPU, a quarter of the free
+memory on a GPU: thousands of rows at a 151,936 vocabulary) and cover at most a quarter of the positions (of the
+vocabulary), so that a block and its temporaries (at most 4 fp32 copies: one copy of the full logits) stay below
+what upstream holds in any forward: its fp32 logits and, at the cast, their copy in the head's dtype (1.5 copies
+without gradient; about 2.5 at the peak of a training step with flash-attn's Triton cross-entropy, its fastest).
 """
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
-# chunk_size=None: as many positions per chunk as keep the chunk's fp32 logits and its same-size temporaries
-# (softmax, product; about 4 of them) within this budget: 110 positions at a 151,936 vocabulary. Small enough
+# The chunk budget on a CPU and the floor on a GPU: 110 positions per chunk at a 151,936 vocabulary. Small enough
 # that a 1k-token sequence holds well under its full logits, large enough that a chunk is one efficient matmul.
 DEFAULT_CHUNK_BUDGET_BYTES = 1 << 28
-_TEMPORARIES_PER_CHUNK = 4
+# On a GPU: this share of the memory free to torch's allocator (free on the device plus cached but unused).
+CUDA_FREE_MEMORY_SHARE = 0.25
+_TEMPORARIES_PER_CHUNK = 4  # fp32 (chunk, V) tensors alive at once: logits, softmax or probabilities, product, cast
+
+
+def chunk_budget_bytes(device) -> int:
+    """Bytes one block of logits and its temporaries may take on ``device`` (see the module docstring)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return DEFAULT_CHUNK_BUDGET_BYTES
+    free, _ = torch.cuda.mem_get_info(device)
+    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return max(DEFAULT_CHUNK_BUDGET_BYTES, int((free + cached) * CUDA_FREE_MEMORY_SHARE))
 
 
 def default_chunk_size(vocab_size: int, budget_bytes: int = DEFAULT_CHUNK_BUDGET_BYTES) -> int:
     """Positions per chunk so that ~4 fp32 (chunk, V) tensors fit in ``budget_bytes`` (at least 1)."""
     return max(1, budget_bytes // (_TEMPORARIES_PER_CHUNK * 4 * vocab_size))
+
+
+def _quarter(count: int) -> int:
+    return max(1, math.ceil(count / 4))
+
+
+def _blocks(count: int, size: int):
+    return (slice(start, start + size) for start in range(0, count, size))
 
 
 def _chunk_logits(hidden, weight, bias, temperature):
@@ -44,50 +72,62 @@ def _chunk_logits(hidden, weight, bias, temperature):
 
 class _ChunkedLogProbs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temperature, chunk_size):
+    def forward(ctx, hidden, weight, bias, targets, temperature, chunk_size, vocab_block):
         # hidden (N, H), weight (V, H), bias (V,) or None, targets (N,) -> log_probs, entropy, both (N,) fp32
         count = hidden.shape[0]
         log_probs = torch.empty(count, dtype=torch.float32, device=hidden.device)
         entropy = torch.empty_like(log_probs)
         logsumexp = torch.empty_like(log_probs)
-        for start in range(0, count, chunk_size):
-            rows = slice(start, start + chunk_size)
+        for rows in _blocks(count, chunk_size):
             logits = _chunk_logits(hidden[rows], weight, bias, temperature)
             lse = torch.logsumexp(logits, dim=-1)
             logsumexp[rows] = lse
             log_probs[rows] = logits.gather(-1, targets[rows].unsqueeze(-1)).squeeze(-1) - lse
-            entropy[rows] = lse - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
-        ctx.save_for_backward(hidden, weight, bias, targets, logsumexp)
-        ctx.temperature, ctx.chunk_size = temperature, chunk_size
-        ctx.mark_non_differentiable(entropy)
+            entropy[rows] = lse - torch.softmax(logits, dim=-1).mul_(logits).sum(dim=-1)
+        ctx.save_for_backward(hidden, weight, bias, targets, logsumexp, entropy)
+        ctx.temperature, ctx.vocab_block = temperature, vocab_block
+        ctx.set_materialize_grads(False)  # an unused output (often the entropy) gets no gradient term
         return log_probs, entropy
 
     @staticmethod
-    def backward(ctx, grad_log_probs, _grad_entropy):
-        hidden, weight, bias, targets, logsumexp = ctx.saved_tensors
+    def backward(ctx, grad_log_probs, grad_entropy):
+        hidden, weight, bias, targets, logsumexp, entropy = ctx.saved_tensors
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
-        grad_hidden = torch.empty_like(hidden) if need_hidden else None
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
-        grad_bias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_bias else None
-        for start in range(0, hidden.shape[0], ctx.chunk_size):
-            rows = slice(start, start + ctx.chunk_size)
-            logits = _chunk_logits(hidden[rows], weight, bias, ctx.temperature)
-            grad_out = grad_log_probs[rows].unsqueeze(-1)
-            # d log p(y) / dz = onehot(y) - softmax(z); then through "/ temperature" and the fp32 cast
-            grad_logits = torch.exp(logits - logsumexp[rows].unsqueeze(-1)).mul_(-grad_out)
-            grad_logits.scatter_add_(-1, targets[rows].unsqueeze(-1), grad_out)
+        grad_hidden = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device) if need_hidden else None
+        grad_weight = torch.empty_like(weight) if need_weight else None
+        grad_bias = torch.empty_like(bias) if need_bias else None
+        lse = logsumexp.unsqueeze(-1)
+        for columns in _blocks(weight.shape[0], ctx.vocab_block):
+            block_weight = weight[columns]
+            block_bias = None if bias is None else bias[columns]
+            logits = _chunk_logits(hidden, block_weight, block_bias, ctx.temperature)  # (N, block) fp32
+            probs = torch.exp(logits - lse)
+            # d/dz_v: of g * log p(y), g (1[v = y] - p_v); of g' * H, -g' p_v (z_v - logsumexp + H)
+            if grad_entropy is not None:
+                grad_logits = logits.sub_(lse).add_(entropy.unsqueeze(-1)).mul_(probs)
+                grad_logits.mul_(-grad_entropy.unsqueeze(-1))
+                if grad_log_probs is not None:
+                    grad_logits.addcmul_(probs, grad_log_probs.unsqueeze(-1), value=-1)
+            else:
+                grad_logits = probs.mul_(-grad_log_probs.unsqueeze(-1))
+            del logits, probs
+            if grad_log_probs is not None:
+                (hits,) = ((targets >= columns.start) & (targets < columns.stop)).nonzero(as_tuple=True)
+                grad_logits.index_put_(
+                    (hits, targets[hits] - columns.start), grad_log_probs[hits], accumulate=True
+                )
             if ctx.temperature != 1.0:
                 grad_logits.div_(ctx.temperature)
+            if need_bias:
+                grad_bias[columns] = grad_logits.sum(dim=0).to(bias.dtype)
             grad_logits = grad_logits.to(hidden.dtype)
             if need_hidden:
-                grad_hidden[rows] = grad_logits @ weight
+                grad_hidden.add_(grad_logits @ block_weight)
             if need_weight:
-                grad_weight.addmm_(grad_logits.t().to(torch.float32), hidden[rows].to(torch.float32))
-            if need_bias:
-                grad_bias += grad_logits.to(torch.float32).sum(dim=0)
-        grad_weight = grad_weight.to(weight.dtype) if need_weight else None
-        grad_bias = grad_bias.to(bias.dtype) if need_bias else None
-        return grad_hidden, grad_weight, grad_bias, None, None, None
+                grad_weight[columns] = grad_logits.t() @ hidden
+        if need_hidden:
+            grad_hidden = grad_hidden.to(hidden.dtype)
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None
 
 
 def chunked_logprobs_entropy(
@@ -98,6 +138,7 @@ def chunked_logprobs_entropy(
     bias: Optional[torch.Tensor] = None,
     temperature: float = 1.0,
     chunk_size: Optional[int] = None,
+    vocab_block: Optional[int] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Log-probs of ``targets`` and the entropy under softmax((hidden W^T + b) / temperature), chunk by chunk.
 
@@ -107,11 +148,13 @@ def chunked_logprobs_entropy(
         targets: token ids (..., T) in [0, V): the token each position predicts.
         bias: optional (V,) output bias (models whose lm_head has one).
         temperature: positive float; the logits are divided by it after the fp32 cast, as upstream does.
-        chunk_size: positions per chunk; None picks :func:`default_chunk_size` (a ~256 MiB budget).
+        chunk_size: positions per chunk of the forward; None: from :func:`chunk_budget_bytes` of the device, at
+            most a quarter of the positions.
+        vocab_block: vocabulary columns per block of the backward; None: from the same budget, at most a quarter
+            of the vocabulary.
 
     Returns:
-        ``(log_probs, entropy)``, both fp32 (..., T). ``log_probs`` is differentiable w.r.t. hidden, weight and
-        bias; ``entropy`` is detached.
+        ``(log_probs, entropy)``, both fp32 (..., T), both differentiable w.r.t. hidden, weight and bias.
     """
     if not isinstance(hidden, torch.Tensor) or not hidden.is_floating_point() or hidden.dim() < 2:
         raise ValueError("hidden must be a floating-point tensor of shape (..., T, H)")
@@ -130,11 +173,10 @@ def chunked_logprobs_entropy(
         raise ValueError(f"targets must have shape {tuple(hidden.shape[:-1])}, got {tuple(targets.shape)}")
     if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not temperature > 0:
         raise ValueError(f"temperature must be a positive number, got {temperature!r}")
+    for name, value in (("chunk_size", chunk_size), ("vocab_block", vocab_block)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1):
+            raise ValueError(f"{name} must be an int >= 1 or None, got {value!r}")
     vocab = weight.shape[0]
-    if chunk_size is None:
-        chunk_size = default_chunk_size(vocab)
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be an int >= 1 or None, got {chunk_size!r}")
     if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= vocab):
         raise ValueError(f"targets must be token ids in [0, {vocab})")
 
@@ -142,7 +184,13 @@ def chunked_logprobs_entropy(
     # (N, H) and (N,) views; hidden states are V/H times smaller than logits, so a copy of a strided input is cheap
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])
     flat_targets = targets.reshape(-1).long()
+    count = flat_targets.numel()
+    budget = chunk_budget_bytes(hidden.device) if chunk_size is None or vocab_block is None else 0
+    if chunk_size is None:
+        chunk_size = min(default_chunk_size(vocab, budget), _quarter(count))
+    if vocab_block is None:
+        vocab_block = min(default_chunk_size(max(count, 1), budget), _quarter(vocab))
     log_probs, entropy = _ChunkedLogProbs.apply(
-        flat_hidden, weight, bias, flat_targets, float(temperature), int(chunk_size)
+        flat_hidden, weight, bias, flat_targets, float(temperature), int(chunk_size), int(vocab_block)
     )
     return log_probs.reshape(positions), entropy.reshape(positions)

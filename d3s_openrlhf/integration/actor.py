@@ -5,13 +5,16 @@ What runs here (inside each actor Ray worker):
 * ``D3SPolicyModelActor``: OpenRLHF's ``PolicyModelActor`` with two additions.
   ``forward(..., return_entropy=True)`` returns ``(action_log_probs, entropy)`` (both (B, A), on CPU) from the
   same single no-grad forward; the entropy is the policy entropy at the action positions only and is zero on
-  padding, like the log-probs. It is computed without full logits where ``experience_forward.head_free_blocker``
-  allows, otherwise by ``core.entropy_from_logits`` on upstream's logits. The logits never leave the worker.
-  ``init_model_from_pretrained`` builds ``D3SActorPPOTrainer`` instead of upstream's trainer.
+  padding, like the log-probs. It is computed without full logits (``experience_forward``) where
+  ``training_forward.training_forward_blocker`` allows, otherwise by ``core.entropy_from_logits`` on upstream's
+  logits; ``forward(..., head_free=True)`` returns the log-probs alone without full logits (``--d3s.chunked_logits``
+  at a step without token selection). ``init_model_from_pretrained`` builds ``D3SActorPPOTrainer``.
 * ``D3SReferenceModelActor``: OpenRLHF's ``ReferenceModelActor`` whose forward takes the same head-free path when
-  the experience maker asks for it (``head_free=True``, at steps with token selection).
+  the experience maker asks for it (``head_free=True``).
 * ``D3SActorPPOTrainer``: takes ``experience.info["d3s_pg_mask"]`` (the token mask of the experience maker) out of
-  each training micro-batch and hands it, with the matching normalisers, to ``D3SPolicyLoss`` for that step.
+  each training micro-batch and hands it, with the matching normalisers, to ``D3SPolicyLoss`` for that step; its
+  training forward computes the log-probs without full logits (``training_forward``) at steps with a pg mask, and
+  at every step with ``--d3s.chunked_logits``.
 * ``D3SPolicyLoss``: upstream's ``PolicyLoss`` restricted to the kept tokens.
 
 Loss semantics (m = pg mask AND action mask, the "kept" tokens; l_t = upstream's per-token clipped surrogate):
@@ -64,11 +67,16 @@ from openrlhf.utils.loss_utils import (
 )
 
 from d3s_openrlhf.core.entropy import entropy_from_logits
-from d3s_openrlhf.integration.experience_forward import HeadFreeForward, head_free_blocker
-from d3s_openrlhf.integration.host import PG_MASK_KEY, deepcompile_blocker, full_logits_requested
-from d3s_openrlhf.integration.kept_forward import kept_forward_blocker, kept_token_forward
+from d3s_openrlhf.integration.experience_forward import HeadFreeForward
+from d3s_openrlhf.integration.host import (
+    PG_MASK_KEY,
+    chunked_logits_requested,
+    full_logits_requested,
+    loss_needs_every_token,
+)
 from d3s_openrlhf.integration.lora_sync import MergedLoRASync
 from d3s_openrlhf.integration.seams import swapped_globals
+from d3s_openrlhf.integration.training_forward import training_forward, training_forward_blocker
 
 _PG_NORM_ATTR = "d3s_pg_loss_norm"
 """Attribute that the window iterator sets on each training micro-batch: its window's kept-token normalisers."""
@@ -281,6 +289,7 @@ class D3SActorPPOTrainer(MergedLoRASync, ppo_actor.ActorPPOTrainer):
         # upstream builds its loss and replay buffer from these module-level names
         with swapped_globals(ppo_actor, PolicyLoss=D3SPolicyLoss, NaiveReplayBuffer=D3SReplayBuffer):
             super().__init__(*args, **kwargs)
+        self._d3s_said = set()  # the forward's one-line reports (``_say_once``)
 
     def ppo_train(self, kl_ctl: float):
         windows = with_pg_window_norms(ppo_actor.iter_grad_accum_global_norm)
@@ -291,7 +300,10 @@ class D3SActorPPOTrainer(MergedLoRASync, ppo_actor.ActorPPOTrainer):
         rows = experience.info.pop(PG_MASK_KEY, None)
         window_norm = experience.__dict__.pop(_PG_NORM_ATTR, None)
         if rows is None:
-            return super().training_step(experience, kl_ctl, step, loss_batch_info)
+            if not chunked_logits_requested(self.args):
+                return super().training_step(experience, kl_ctl, step, loss_batch_info)
+            with self._forward_without_full_logits(experience, None):
+                return super().training_step(experience, kl_ctl, step, loss_batch_info)
 
         pg_mask = pg_mask_from_rows(rows, experience.action_mask)
         if self.args.train.dynamic_batch_enable:
@@ -312,20 +324,36 @@ class D3SActorPPOTrainer(MergedLoRASync, ppo_actor.ActorPPOTrainer):
                 "ppo_train, or with loss_batch_info=None"
             )
         with self.actor_loss_fn.selecting(pg_mask, pg_norm["batch_num_tokens"], pg_norm["global_batch_size"]):
-            with self._forward_at_kept_tokens(experience, pg_mask):
+            with self._forward_without_full_logits(experience, pg_mask):
                 return super().training_step(experience, kl_ctl, step, loss_batch_info)
 
+    def _say_once(self, message: str) -> None:
+        """Print ``message`` (rank 0) the first time this trainer has it to say."""
+        if message not in self._d3s_said:
+            self._d3s_said.add(message)
+            self.strategy.print(message)
+
     @contextmanager
-    def _forward_at_kept_tokens(self, experience, pg_mask: torch.Tensor) -> Iterator[None]:
-        """Within the block the actor's forward applies the LM head at the kept tokens only, where the loss allows
-        it (``kept_forward.kept_forward_blocker``); otherwise upstream's forward runs unchanged."""
+    def _forward_without_full_logits(self, experience, pg_mask: Optional[torch.Tensor]) -> Iterator[None]:
+        """Within the block the actor's forward computes its log-probs (and entropy) from the final hidden states
+        (``training_forward``): at the ``pg_mask`` tokens alone where the loss reads only those, else at every
+        action token. Where ``training_forward_blocker`` objects, upstream's forward runs unchanged."""
         full_logits = full_logits_requested(self.args)
-        if kept_forward_blocker(self.args, self.actor, full_logits, self.strategy.ring_attn_group) is not None:
+        blocker = training_forward_blocker(self.args, self.actor, full_logits, self.strategy.ring_attn_group)
+        if blocker is not None:
+            self._say_once(f"[d3s] training forward: upstream's, with full logits ({blocker})")
             yield
             return
+        reason = loss_needs_every_token(self.args)
+        kept_only = pg_mask is not None and reason is None
+        where = "the kept tokens only" if kept_only else f"every action token ({reason or 'no token selection'})"
+        self._say_once(f"[d3s] training forward without full logits: log-probs at {where}")
         # an instance attribute shadows Actor.forward for nn.Module.__call__ (the DeepSpeed engine is inside)
         self.actor.forward = functools.partial(
-            kept_token_forward, self.actor, pg_mask=pg_mask, fill_log_probs=experience.action_log_probs
+            training_forward,
+            self.actor,
+            log_prob_mask=pg_mask if kept_only else None,
+            fill_log_probs=experience.action_log_probs if kept_only else None,
         )
         try:
             yield
@@ -390,17 +418,20 @@ class D3SPolicyModelActor(ppo_actor.PolicyModelActor.__ray_actor_class__):
         packed_seq_lens=None,
         mm_train_inputs_list=None,
         return_entropy: bool = False,
+        head_free: bool = False,
     ):
         """Upstream's forward; with ``return_entropy`` returns ``(action_log_probs, entropy)``, both (B, A) on
-        CPU, from the same single forward, without full logits where ``head_free_blocker`` allows."""
-        if not return_entropy:
-            return super().forward(sequences, action_mask, attention_mask, packed_seq_lens, mm_train_inputs_list)
-        tap_class = HeadFreeForward if _head_free_blocker(self.strategy, self.actor) is None else _EntropyTap
-        with _standing_in(self, "actor", tap_class(self.actor)) as tap:
-            action_log_probs = super().forward(
-                sequences, action_mask, attention_mask, packed_seq_lens, mm_train_inputs_list
-            )
-        return action_log_probs, tap.entropy.to("cpu")
+        CPU, from the same single forward; with ``return_entropy`` or ``head_free``, without full logits where
+        ``training_forward_blocker`` allows."""
+        upstream = functools.partial(
+            super().forward, sequences, action_mask, attention_mask, packed_seq_lens, mm_train_inputs_list
+        )
+        without_logits = (return_entropy or head_free) and _head_free_blocker(self.strategy, self.actor) is None
+        if not return_entropy and not without_logits:
+            return upstream()
+        with _standing_in(self, "actor", (HeadFreeForward if without_logits else _EntropyTap)(self.actor)) as tap:
+            action_log_probs = upstream()
+        return (action_log_probs, tap.entropy.to("cpu")) if return_entropy else action_log_probs
 
 
 @contextmanager
@@ -414,14 +445,16 @@ def _standing_in(worker, name: str, tap):
 
 
 def _head_free_blocker(strategy, model) -> Optional[str]:
-    reason = deepcompile_blocker(strategy.args)
-    return reason or head_free_blocker(model, full_logits_requested(strategy.args), strategy.ring_attn_group)
+    return training_forward_blocker(
+        strategy.args, model, full_logits_requested(strategy.args), strategy.ring_attn_group
+    )
 
 
 @ray.remote(num_gpus=1)
 class D3SReferenceModelActor(launcher.ReferenceModelActor.__ray_actor_class__):
-    """OpenRLHF's reference model actor whose forward, when the experience maker asks (``head_free``, at steps with
-    token selection), computes the log-probs without full logits as the policy actor's entropy forward does."""
+    """OpenRLHF's reference model actor whose forward, when the experience maker asks (``head_free``: steps with
+    token selection, or every step with ``--d3s.chunked_logits``), computes the log-probs without full logits as
+    the policy actor's forward does."""
 
     def forward(
         self,

@@ -236,16 +236,18 @@ class D3SExperienceMaker(RemoteExperienceMaker):
 
     def _dispatch_forward(self, group, sync_condition, **kwargs):
         """Upstream's dispatch; when token selection runs, the actor's forward is asked for (log_probs, entropy) and
-        the reference's for its log-probs without full logits (both through ``experience_forward``).
+        the reference's for its log-probs without full logits (both through ``experience_forward``); otherwise, with
+        ``--d3s.chunked_logits``, both for their log-probs without full logits.
 
         The refs to those pairs go to upstream's ``make_experience`` unchanged; ``_flatten_results`` recognises
         them and splits the pairs in this process (no extra Ray work).
         """
-        if not self._entropy_wanted or group not in (self.actor_model_group, self.initial_model_group):
+        model_groups = (self.actor_model_group, self.initial_model_group)
+        if group not in model_groups or not (self._entropy_wanted or self.d3s.chunked_logits):
             return super()._dispatch_forward(group, sync_condition, **kwargs)
         batches = len(next(iter(kwargs.values())))
-        if group is self.initial_model_group:
-            # the reference's log-probs without full logits, like the actor's (D3SReferenceModelActor)
+        if group is self.initial_model_group or not self._entropy_wanted:
+            # log-probs without full logits (D3SReferenceModelActor, D3SPolicyModelActor)
             return super()._dispatch_forward(group, sync_condition, head_free=[True] * batches, **kwargs)
         self._pair_refs = super()._dispatch_forward(group, sync_condition, return_entropy=[True] * batches, **kwargs)
         return self._pair_refs

@@ -171,6 +171,13 @@ def full_logits_requested(args) -> bool:
     return config is not None and config.full_logits
 
 
+def chunked_logits_requested(args) -> bool:
+    """Whether ``--d3s.chunked_logits`` asks for the forwards without full logits at every step (False with D3S
+    off)."""
+    config = config_from_args(args)
+    return config is not None and config.chunked_logits
+
+
 # ── model groups ──
 
 
@@ -368,7 +375,8 @@ class D3SPlan:
 
 
 def _host_problems(config: D3SConfig, host_args) -> List[str]:
-    """Host settings that would hang or silently mis-train with any D3S selection (samples or tokens)."""
+    """Host settings that would hang or silently mis-train under the D3S classes (any selection, or
+    --d3s.chunked_logits alone)."""
     problems = []
     dp = data_parallel_size(host_args)
     train_batch = host_args.train.batch_size
@@ -447,10 +455,14 @@ def validate_against_host(config: D3SConfig, host_args) -> D3SPlan:
     num_prompts = host_args.rollout.batch_size
     dp = data_parallel_size(host_args)
     problems = _host_problems(config, host_args)
+    notes = []
+    reason = deepcompile_blocker(host_args)
+    if reason is not None and (config.tokens_enabled or config.chunked_logits):
+        notes.append(f"{reason}: the experience and training forwards build upstream's full logits at every step")
     if not config.samples_enabled:
         if problems:
             raise _refuse(problems)
-        return D3SPlan(num_prompts, group_size, dp, kept_count_unit(host_args))
+        return D3SPlan(num_prompts, group_size, dp, kept_count_unit(host_args), notes=tuple(notes))
 
     if estimator not in ADVANTAGE_ESTIMATORS:
         problems.append(
@@ -497,14 +509,10 @@ def validate_against_host(config: D3SConfig, host_args) -> D3SPlan:
         raise _refuse(problems)
 
     kept_by_n = {n: kept_rollout_count(n, num_prompts, group_size, unit) for n in config.n_values}
-    notes = []
     if all(kept == total for kept in kept_by_n.values()):
         notes.append(
             f"every N of the schedule rounds up to all {total} rollouts (unit {unit} = {unit_text}): sample "
             "selection never drops a rollout; lower --train.batch_size or --rollout.micro_batch_size, or raise "
             "--rollout.batch_size"
         )
-    reason = deepcompile_blocker(host_args)
-    if reason is not None and config.tokens_enabled:
-        notes.append(f"{reason}: the experience and training forwards build upstream's full logits at every step")
     return D3SPlan(num_prompts, group_size, dp, unit, kept_by_n, tuple(notes))

@@ -94,6 +94,7 @@ BAD_VALUES = [
     ("schedule_steps", 2.0, "int >= 0"),
     ("seed", -5, "int >= 0"),
     ("full_logits", 1, "bool"),
+    ("chunked_logits", "no", "bool"),
     ("dry_run", "yes", "bool"),
     ("prompt_skip", "always", "one of off, history"),
     ("skip_window", 0, "int >= 1"),
@@ -123,6 +124,13 @@ def test_subset_advantages_need_a_sample_rule():
     with pytest.raises(ValueError, match=r"--d3s.advantage_mode='subset'.*--d3s.sample_rule='none'"):
         D3SConfig(advantage_mode="subset", sample_rule="none")
     assert D3SConfig(advantage_mode="subset", sample_rule="random").samples_enabled
+
+
+def test_chunked_logits_turns_d3s_on_and_contradicts_full_logits():
+    with pytest.raises(ValueError, match=r"--d3s.chunked_logits=True: contradicts --d3s.full_logits"):
+        D3SConfig(chunked_logits=True, full_logits=True)
+    alone = D3SConfig(chunked_logits=True)
+    assert alone.enabled and not (alone.samples_enabled or alone.tokens_enabled or alone.skip_enabled)
 
 
 def test_all_problems_are_reported_at_once():
@@ -210,6 +218,7 @@ def test_flags_pass_through_parse_known_args_beside_host_flags():
 def configs(draw):
     rule = draw(st.sampled_from(SAMPLE_RULES))
     modes = ADVANTAGE_MODES if rule != "none" else ("group",)
+    full_logits = draw(st.booleans())
     return D3SConfig(
         preset=draw(st.none() | st.sampled_from(sorted(PRESETS))),
         sample_scope=draw(st.sampled_from(SAMPLE_SCOPES)),
@@ -223,7 +232,8 @@ def configs(draw):
         schedule_steps=draw(st.integers(0, 10_000)),
         token_scope=draw(st.sampled_from(TOKEN_SCOPES)),
         seed=draw(st.integers(0, 2**32)),
-        full_logits=draw(st.booleans()),
+        full_logits=full_logits,
+        chunked_logits=draw(st.booleans()) and not full_logits,
         dry_run=draw(st.booleans()),
     )
 
@@ -233,7 +243,7 @@ def configs(draw):
 def test_flag_round_trip(config):
     argv = []
     for name, value in config.to_dict().items():
-        if name in ("full_logits", "dry_run"):
+        if name in ("full_logits", "chunked_logits", "dry_run"):
             argv += [f"--d3s.{name}"] if value else []
         elif value is not None:
             argv += [f"--d3s.{name}", repr(value) if isinstance(value, float) else str(value)]

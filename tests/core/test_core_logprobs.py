@@ -3,7 +3,12 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from d3s_openrlhf.core.logprobs import chunked_logprobs_entropy, default_chunk_size
+from d3s_openrlhf.core.logprobs import (
+    DEFAULT_CHUNK_BUDGET_BYTES,
+    chunk_budget_bytes,
+    chunked_logprobs_entropy,
+    default_chunk_size,
+)
 
 
 def naive(hidden, weight, targets, bias=None, temperature=1.0):
@@ -33,48 +38,69 @@ def make(shape, hidden_size, vocab, dtype, with_bias, seed):
 @pytest.mark.parametrize("shape", [(1, 1), (3, 7), (2, 3, 5), (13,)])
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-@pytest.mark.parametrize("chunk_size", [1, 4, None])
-def test_matches_full_logits_values_and_gradients(dtype, shape, with_bias, temperature, chunk_size):
+@pytest.mark.parametrize("chunk_size, vocab_block", [(1, 1), (4, 7), (None, None)])
+@pytest.mark.parametrize("outputs", ["log_probs", "both", "entropy"])
+def test_matches_full_logits_values_and_gradients(
+    dtype, shape, with_bias, temperature, chunk_size, vocab_block, outputs
+):
     hidden, weight, bias, targets = make(shape, 17, 53, dtype, with_bias, seed=1)
     leaves = [t.requires_grad_() for t in (hidden, weight, bias) if t is not None]
     log_probs, entropy = chunked_logprobs_entropy(
-        hidden, weight, targets, bias=bias, temperature=temperature, chunk_size=chunk_size
+        hidden, weight, targets, bias=bias, temperature=temperature, chunk_size=chunk_size, vocab_block=vocab_block
     )
     assert log_probs.dtype == entropy.dtype == torch.float32 and log_probs.shape == entropy.shape == shape
-    assert not entropy.requires_grad
     ref_log_probs, ref_entropy = naive(hidden, weight, targets, bias, temperature)
     atol, grad_tol = TOL[dtype]
     torch.testing.assert_close(log_probs, ref_log_probs.float(), atol=atol, rtol=0)
-    torch.testing.assert_close(entropy, ref_entropy.detach().float(), atol=atol, rtol=0)
-    upstream_grad = torch.randn(shape, generator=torch.Generator().manual_seed(2))
-    grads = torch.autograd.grad((log_probs * upstream_grad).sum(), leaves)
-    ref_grads = torch.autograd.grad((ref_log_probs * upstream_grad.to(ref_log_probs.dtype)).sum(), leaves)
+    torch.testing.assert_close(entropy, ref_entropy.float(), atol=atol, rtol=0)
+    # a loss of the log-probs (KL, PPO), of the entropy (entropy bonus) or of both
+    g = torch.Generator().manual_seed(2)
+    weights = {"log_probs": (torch.randn(shape, generator=g), 0), "entropy": (0, torch.randn(shape, generator=g))}
+    weights["both"] = (weights["log_probs"][0], weights["entropy"][1])
+    w_lp, w_ent = weights[outputs]
+
+    def loss(lp, ent):
+        total = 0
+        if outputs != "entropy":
+            total = total + (lp * w_lp.to(lp.dtype)).sum()
+        if outputs != "log_probs":
+            total = total + (ent * w_ent.to(ent.dtype)).sum()
+        return total
+
+    grads = torch.autograd.grad(loss(log_probs, entropy), leaves)
+    ref_grads = torch.autograd.grad(loss(ref_log_probs, ref_entropy), leaves)
+    # the entropy's gradient sums p_v (z_v - logsumexp + H) w_v / T over the vocabulary, terms of size |z| that
+    # cancel: its fp32 rounding is that of |z|, not of the result
+    grad_atol = grad_tol * (10 if outputs != "log_probs" else 1)
     for grad, ref in zip(grads, ref_grads):
         assert grad.dtype == ref.dtype
-        torch.testing.assert_close(grad, ref, atol=grad_tol, rtol=grad_tol)
+        torch.testing.assert_close(grad, ref, atol=grad_atol, rtol=grad_tol)
 
 
 @settings(max_examples=60, deadline=None)
 @given(
     st.integers(1, 3), st.integers(1, 9), st.integers(1, 12), st.integers(1, 40), st.integers(1, 10),
-    st.booleans(), st.floats(0.3, 2.0), st.integers(0, 2**31 - 1),
+    st.integers(1, 41), st.booleans(), st.floats(0.3, 2.0), st.integers(0, 2**31 - 1),
 )
-@example(1, 7, 1, 16, 1, False, 0.4375, 1449)  # a gradient of 0.015 from terms of |w| / T ~ 17: fp32 rounding 1.6e-5
-def test_chunking_never_changes_the_result(batch, tokens, hidden_size, vocab, chunk, with_bias, temperature, seed):
+@example(1, 7, 1, 16, 1, 16, False, 0.4375, 1449)  # a gradient of 0.015 from terms of |w| / T ~ 17: rounding 1.6e-5
+def test_chunking_never_changes_the_result(
+    batch, tokens, hidden_size, vocab, chunk, block, with_bias, temperature, seed
+):
     hidden, weight, bias, targets = make((batch, tokens), hidden_size, vocab, torch.float64, with_bias, seed)
     hidden.requires_grad_()
     log_probs, entropy = chunked_logprobs_entropy(
-        hidden, weight, targets, bias=bias, temperature=temperature, chunk_size=chunk
+        hidden, weight, targets, bias=bias, temperature=temperature, chunk_size=chunk, vocab_block=block
     )
     ref_log_probs, ref_entropy = naive(hidden, weight, targets, bias, temperature)
     torch.testing.assert_close(log_probs, ref_log_probs.float(), atol=1e-5, rtol=0)
     torch.testing.assert_close(entropy, ref_entropy.detach().float(), atol=1e-5, rtol=0)
     (grad,) = torch.autograd.grad(log_probs.sum(), hidden)
     whole, _ = chunked_logprobs_entropy(
-        hidden, weight, targets, bias=bias, temperature=temperature, chunk_size=batch * tokens
+        hidden, weight, targets, bias=bias, temperature=temperature, chunk_size=batch * tokens, vocab_block=vocab
     )
     (whole_grad,) = torch.autograd.grad(whole.sum(), hidden)
-    torch.testing.assert_close(grad, whole_grad, atol=1e-7, rtol=1e-7)  # one chunk or many: the same arithmetic
+    # one block or many: the same arithmetic up to the order of the fp32 sum over vocabulary blocks
+    torch.testing.assert_close(grad, whole_grad, atol=1e-6, rtol=1e-6)
     (ref_grad,) = torch.autograd.grad(ref_log_probs.sum(), hidden)
     # d log p / d h = (w_target - sum_v p_v w_v) / T from fp32 probabilities: the rounding scales with |w| / T,
     # not with the (possibly cancelled) result
@@ -83,30 +109,95 @@ def test_chunking_never_changes_the_result(batch, tokens, hidden_size, vocab, ch
 
 
 @pytest.mark.parametrize("requires_grad", [False, True])
-def test_peak_memory_is_one_chunk_of_logits(requires_grad, peak_memory):
-    """Full (N, V) fp32 logits are 2 MB here; a chunk is 32 KB. Forward (and backward) may hold a few chunks, the
-    saved (N,) statistics and, for the weight gradient, an fp32 (V, H) accumulator, never the full logits."""
-    tokens, hidden_size, vocab, chunk = 512, 16, 1000, 8
+def test_peak_memory_is_one_block_of_logits(requires_grad, peak_memory):
+    """Full (N, V) fp32 logits are 2 MB here; a forward chunk is 32 KB, a backward block (N, 40) 80 KB. Forward
+    and backward may hold a few blocks, the saved (N,) statistics, the gradients (the weight's in its own dtype,
+    written block by block; the hidden states' summed in fp32), never the full logits."""
+    tokens, hidden_size, vocab, chunk, block = 512, 16, 1000, 8, 40
     hidden, weight, _, targets = make((tokens,), hidden_size, vocab, torch.float32, False, seed=3)
     hidden.requires_grad_(requires_grad)
     weight.requires_grad_(requires_grad)
 
     def run():
-        log_probs, entropy = chunked_logprobs_entropy(hidden, weight, targets, chunk_size=chunk)
+        log_probs, entropy = chunked_logprobs_entropy(hidden, weight, targets, chunk_size=chunk, vocab_block=block)
         if requires_grad:
-            log_probs.sum().backward()
+            (log_probs + entropy).sum().backward()
         return log_probs
 
     _, peak = peak_memory(run)
-    chunk_bytes, full_bytes = chunk * vocab * 4, tokens * vocab * 4
-    allowed = 8 * chunk_bytes + 4 * tokens * 4 + (3 * (hidden.numel() + weight.numel()) * 4 if requires_grad else 0)
+    full_bytes = tokens * vocab * 4
+    blocks = 4 * max(chunk * vocab, tokens * block) * 4
+    allowed = blocks + 8 * tokens * 4 + (3 * (hidden.numel() + weight.numel()) * 4 if requires_grad else 0)
     assert allowed < full_bytes / 2
-    assert peak < allowed, f"peak {peak} bytes; a chunk is {chunk_bytes}, the full logits {full_bytes}"
+    assert peak < allowed, f"peak {peak} bytes; blocks of {blocks}, the full logits {full_bytes}"
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+@pytest.mark.parametrize("tokens", [1, 7, 64])
+def test_default_blocks_stay_below_upstreams_logits_at_any_size(requires_grad, tokens, peak_memory):
+    """The automatic sizes cover at most a quarter of the positions (vocabulary): the kernel's extra peak stays
+    below one copy of the full fp32 logits, which every upstream forward holds (under 4 positions: 4 rows of logits,
+    2.4 MB at a 151,936 vocabulary)."""
+    hidden_size, vocab = 8, 4096
+    hidden, weight, _, targets = make((tokens,), hidden_size, vocab, torch.float32, False, seed=5)
+    hidden.requires_grad_(requires_grad)
+
+    def run():
+        log_probs, entropy = chunked_logprobs_entropy(hidden, weight, targets)
+        if requires_grad:
+            (log_probs + entropy).sum().backward()
+
+    _, peak = peak_memory(run)
+    gradients = hidden.numel() * 4 * 2 if requires_grad else 0
+    assert peak <= max(tokens, 4) * vocab * 4 + 8 * tokens * 4 + gradients + 4096
 
 
 def test_default_chunk_size_follows_the_budget():
     assert default_chunk_size(151_936) == 110
     assert default_chunk_size(10**12) == 1
+    assert chunk_budget_bytes("cpu") == DEFAULT_CHUNK_BUDGET_BYTES
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_real_qwen_vocabulary_with_the_default_blocks(dtype):
+    """151,936 tokens (Qwen2.5): the default sizes (a quarter of the rows, a quarter of the vocabulary) give the
+    full-logits values and gradients of a loss of both outputs."""
+    hidden, weight, _, targets = make((9,), 24, 151_936, dtype, False, seed=7)
+    hidden.requires_grad_()
+    weight.requires_grad_()
+    log_probs, entropy = chunked_logprobs_entropy(hidden, weight, targets, temperature=0.6)
+    ref_log_probs, ref_entropy = naive(hidden, weight, targets, None, 0.6)
+    atol, grad_tol = TOL[dtype]
+    torch.testing.assert_close(log_probs, ref_log_probs, atol=atol * 10, rtol=0)
+    torch.testing.assert_close(entropy, ref_entropy, atol=atol * 10, rtol=0)
+    grads = torch.autograd.grad((log_probs + 0.1 * entropy).sum(), (hidden, weight))
+    ref_grads = torch.autograd.grad((ref_log_probs + 0.1 * ref_entropy).sum(), (hidden, weight))
+    for grad, ref in zip(grads, ref_grads):
+        torch.testing.assert_close(grad, ref, atol=grad_tol * 10, rtol=grad_tol)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_gpu_budget_grows_with_the_free_memory():
+    free, _ = torch.cuda.mem_get_info()
+    assert chunk_budget_bytes("cuda") >= max(DEFAULT_CHUNK_BUDGET_BYTES, free // 5)
+    assert default_chunk_size(151_936, chunk_budget_bytes("cuda")) >= 1000 or free < 16 << 30
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("vocab", [151_936, 1000])
+def test_cuda_matches_full_logits(dtype, vocab):
+    hidden, weight, bias, targets = make((2, 96), 64, vocab, dtype, False, seed=6)
+    hidden, weight, targets = hidden.cuda().requires_grad_(), weight.cuda().requires_grad_(), targets.cuda()
+    log_probs, entropy = chunked_logprobs_entropy(hidden, weight, targets, temperature=0.8)
+    ref_log_probs, ref_entropy = naive(hidden, weight, targets, None, 0.8)
+    atol, grad_tol = {torch.float32: (1e-4, 1e-4), torch.bfloat16: (1e-4, 2e-2)}[dtype]
+    torch.testing.assert_close(log_probs, ref_log_probs, atol=atol, rtol=0)
+    torch.testing.assert_close(entropy, ref_entropy, atol=atol, rtol=0)
+    grads = torch.autograd.grad((log_probs - 0.1 * entropy).sum(), (hidden, weight))
+    ref_grads = torch.autograd.grad((ref_log_probs - 0.1 * ref_entropy).sum(), (hidden, weight))
+    for grad, ref in zip(grads, ref_grads):
+        torch.testing.assert_close(grad, ref, atol=grad_tol, rtol=grad_tol)
 
 
 @pytest.mark.parametrize(
@@ -120,12 +211,13 @@ def test_default_chunk_size_follows_the_budget():
         (dict(bias=torch.randn(52)), "bias"),
         (dict(temperature=0.0), "temperature"),
         (dict(chunk_size=0), "chunk_size"),
+        (dict(vocab_block=2.5), "vocab_block"),
         (dict(hidden=torch.randn(17)), r"\(\.\.\., T, H\)"),
     ],
 )
 def test_bad_input_is_refused_with_a_clear_error(change, message):
     hidden, weight, bias, targets = make((1, 2), 17, 53, torch.float32, True, seed=4)
-    kwargs = dict(hidden=hidden, weight=weight, targets=targets, bias=bias, temperature=1.0, chunk_size=None)
+    kwargs = dict(hidden=hidden, weight=weight, targets=targets, bias=bias, temperature=1.0)
     kwargs.update(change)
     with pytest.raises(ValueError, match=message):
         chunked_logprobs_entropy(kwargs.pop("hidden"), kwargs.pop("weight"), kwargs.pop("targets"), **kwargs)

@@ -180,6 +180,39 @@ def test_dynamic_filtering_schedule_follows_the_steps_taken(toy_sft, run_pipelin
         assert 0 < values["d3s/kept_tokens"] <= values["d3s/candidate_tokens"], step
 
 
+# ── the forwards without full logits ──
+
+KL_AND_ENTROPY = ["--algo.kl.use_loss", "--actor.entropy_coef", "0.01"]
+
+
+@pytest.mark.parametrize(
+    "flags, said",
+    [
+        (helpers.d3s_flags(**CROSS) + KL_AND_ENTROPY, "every action token (--algo.kl.use_loss"),
+        (
+            helpers.d3s_flags(preset="pods", n_init=4, n_final=4)
+            + ["--d3s.chunked_logits", "--actor.policy_loss_type", "gspo"]
+            + KL_AND_ENTROPY,
+            "every action token (--actor.policy_loss_type gspo",
+        ),
+    ],
+    ids=["k-below-1-kl-entropy", "chunked-logits-pods-gspo-kl-entropy"],
+)
+def test_losses_reading_every_token_train_without_full_logits(
+    flags, said, toy_sft, run_pipeline, assert_clean_run, tmp_path
+):
+    # the paper-scale scripts' loss (KL loss, K < 1) and, with --d3s.chunked_logits, PODS at K = 1 with GSPO: the
+    # training forward scores every action token from the hidden states (the actor says so once)
+    config = dataclasses.replace(BASE, kl_coef=0.01, extra=flags)
+    run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "every_token", config), name="every_token")
+    assert_clean_run(run, range(1, STEPS + 1))
+    log = Path(run.log).read_text(errors="replace")
+    assert f"[d3s] training forward without full logits: log-probs at {said}" in log, run.tail()
+    assert "with full logits (" not in log
+    for step, values in run.steps.items():
+        assert math.isfinite(values["kl"]) and math.isfinite(values["entropy_loss"]), (step, values)
+
+
 # ── a multi-turn agent ──
 
 

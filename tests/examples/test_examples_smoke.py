@@ -42,8 +42,11 @@ def assert_smoke_run(result, nodes):
 def test_script_runs_two_steps_on_cpu(script, nodes, toy_files, tmp_path):
     result = smoke.run_script(str(SCRIPTS / f"{script}.sh"), toy_files, str(tmp_path), nodes=nodes, timeout=600)
     assert_smoke_run(result, nodes=nodes)
+    log = Path(result.log).read_text(errors="replace")
     if "3b-instruct" in script:
-        assert "--ds.lora.rank 64" in Path(result.log).read_text(errors="replace").replace("'", "")
+        assert "--ds.lora.rank 64" in log.replace("'", "")
+    else:  # the paper-scale loss (KL loss, K < 1): no full logits in the training forward
+        assert "[d3s] training forward without full logits: log-probs at every action token" in log
 
 
 def test_every_node_of_the_local_cluster_has_its_own_temp_dir(monkeypatch):

@@ -300,11 +300,15 @@ def record_loss_calls(loss_fn):
 
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
-@pytest.mark.parametrize("pg", [None, "all"], ids=["no-mask", "all-kept"])
+@pytest.mark.parametrize("pg", [None, "all"], ids=["no-mask", "all-kept-full-logits"])
 def test_training_step_is_upstream_bit_for_bit_without_mask_or_with_everything_kept(model_dir, cpu_cuda, agg, pg):
+    """Without a pg mask (K = 1, no --d3s.chunked_logits) D3S runs upstream's step; with a mask that keeps every
+    token, upstream's forward (--d3s.full_logits) gives upstream's step bit for bit. (The forward without full
+    logits equals it within float tolerance: the tests of the next section.)"""
     args = make_args(
         actor__loss_agg_mode=agg, actor__entropy_coef=0.01, algo__kl__use_loss=True, algo__kl__init_coef=0.01
     )
+    args.d3s = D3SConfig(k_init=0.5, k_final=0.5, full_logits=pg == "all").to_dict()
     upstream_actor, d3s_actor = load_actor(model_dir), load_actor(model_dir)
     experience = make_experience(upstream_actor, seed=1, pg=pg)
     upstream = make_trainer(ppo_actor.ActorPPOTrainer, upstream_actor, MiniStrategy(args), cpu_cuda)
@@ -414,7 +418,7 @@ def test_trainer_builds_the_d3s_loss_and_buffer_and_restores_upstreams_names(mod
 
 
 # --------------------------------------------------------------------------------------------------------------
-# the training forward with the LM head at the kept tokens only
+# the training forward without full logits
 
 
 def record_head_inputs(actor):
@@ -424,50 +428,229 @@ def record_head_inputs(actor):
     return shapes
 
 
+LOSSES = {
+    "ppo": {},
+    "ppo-dual-clip": dict(actor__dual_clip=3.0),
+    "seq-mean": dict(actor__loss_agg_mode="seq-mean-token-mean"),
+    "gspo": dict(actor__policy_loss_type="gspo"),
+    "kl-k1": dict(algo__kl__use_loss=True, algo__kl__init_coef=0.05, algo__kl__estimator="k1"),
+    "kl-k2": dict(algo__kl__use_loss=True, algo__kl__init_coef=0.05, algo__kl__estimator="k2"),
+    "kl-k3": dict(algo__kl__use_loss=True, algo__kl__init_coef=0.05, algo__kl__estimator="k3"),
+    "entropy": dict(actor__entropy_coef=0.01),
+    "kl-entropy-gspo": dict(
+        actor__policy_loss_type="gspo", actor__entropy_coef=0.01, algo__kl__use_loss=True, algo__kl__init_coef=0.05
+    ),
+}
+
+
+def head_rows(experience, loss):
+    """The positions the head scores: the kept tokens when the loss reads only those, else every action token."""
+    mask = experience.action_mask
+    if loss in ("ppo", "ppo-dual-clip", "seq-mean") and PG_MASK_KEY in experience.info:
+        mask = pg_mask_from_rows(experience.info[PG_MASK_KEY], mask)
+    return int(mask.sum())
+
+
 @pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-@pytest.mark.parametrize("dual_clip", [None, 3.0])
-def test_kept_token_forward_gives_the_full_logits_loss_and_gradient(model_dir, cpu_cuda, packing, temperature, dual_clip):
+@pytest.mark.parametrize("loss", list(LOSSES))
+def test_training_forward_gives_the_full_logits_loss_and_gradient(model_dir, cpu_cuda, packing, temperature, loss):
     results = []
     for full_logits in (True, False):
-        args = make_args(actor__dual_clip=dual_clip)
-        args.d3s = D3SConfig(k_init=0.5, k_final=0.5, full_logits=full_logits)
+        args = make_args(**LOSSES[loss])
+        args.d3s = D3SConfig(k_init=0.5, k_final=0.5, full_logits=full_logits).to_dict()
         actor = load_actor(model_dir, temperature=temperature, packing_samples=packing)
         experience = make_experience(actor, seed=5)
         trainer = make_trainer(D3SActorPPOTrainer, actor, MiniStrategy(args), cpu_cuda)
         heads = record_head_inputs(actor)
-        status = trainer.training_step(as_training_batch(experience), 0.0, 0)
-        results.append((grads(actor), status["metrics"]["policy_loss"], heads))
-        assert "forward" not in vars(actor)  # upstream's forward is back
-    (full_grads, full_loss, full_heads), (kept_grads, kept_loss, kept_heads) = results
-    torch.testing.assert_close(kept_loss, full_loss, rtol=1e-5, atol=1e-6)
-    for got, expected in zip(kept_grads, full_grads):
+        status = trainer.training_step(as_training_batch(experience), 0.3, 0)
+        results.append((grads(actor), status["metrics"], heads))
+        assert "forward" not in vars(actor) and "forward" not in vars(actor.model.lm_head)  # upstream's are back
+    (full_grads, full_metrics, full_heads), (got_grads, got_metrics, got_heads) = results
+    assert set(got_metrics) == set(full_metrics)
+    # ppo_kl and ppo_clip_ratio count the tokens whose log-prob was not computed (kept-only losses) as unchanged
+    every_token = head_rows(experience, loss) == int(experience.action_mask.sum())
+    for key in ("policy_loss", "kl", "entropy_loss") + (("ppo_kl", "ppo_clip_ratio") if every_token else ()):
+        if key in full_metrics:
+            torch.testing.assert_close(got_metrics[key], full_metrics[key], rtol=1e-5, atol=1e-6, msg=key)
+    for got, expected in zip(got_grads, full_grads):
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
-    assert any(g.abs().sum() > 0 for g in kept_grads)
-    # the full forward applies the head at every position, the kept one at none, then at the kept tokens only
-    kept = int(pg_mask_from_rows(experience.info[PG_MASK_KEY], experience.action_mask).sum())
+    assert any(g.abs().sum() > 0 for g in got_grads)
+    # upstream's forward applies the head at every position; this one once, at the positions the loss reads
     assert full_heads[0][-2] == (int(experience.attention_mask.sum()) if packing else experience.sequences.shape[1])
-    assert kept_heads[0][-2] == 0 and kept_heads[1] == (kept, 64)
-    assert len(kept_heads) == 3  # the kept-token logits are recomputed in the backward (activation checkpointing)
+    assert got_heads == [(head_rows(experience, loss), 64)]
 
 
-def test_kept_token_forward_only_where_the_loss_reads_kept_tokens_alone(model_dir, cpu_cuda):
-    from d3s_openrlhf.integration.kept_forward import kept_forward_blocker
+@pytest.mark.parametrize("loss", ["ppo", "kl-entropy-gspo"])
+def test_chunked_logits_flag_takes_the_forward_at_every_step(model_dir, cpu_cuda, loss):
+    """--d3s.chunked_logits: at a step without token selection (no pg mask: K = 1, PODS) the training forward
+    too computes the log-probs of every action token without full logits, and equals upstream's step."""
+    results = []
+    for config in (None, D3SConfig(chunked_logits=True)):
+        args = make_args(**LOSSES[loss])
+        if config is not None:
+            args.d3s = config.to_dict()
+        actor = load_actor(model_dir, temperature=0.8)
+        experience = make_experience(actor, seed=6, pg=None)
+        trainer = make_trainer(D3SActorPPOTrainer, actor, MiniStrategy(args), cpu_cuda)
+        heads = record_head_inputs(actor)
+        status = trainer.training_step(as_training_batch(experience), 0.3, 0)
+        results.append((grads(actor), status["metrics"]["policy_loss"], heads))
+    (upstream_grads, upstream_loss, upstream_heads), (got_grads, got_loss, got_heads) = results
+    assert upstream_heads[0][-2] == experience.sequences.shape[1]
+    assert got_heads == [(int(experience.action_mask.sum()), 64)]
+    torch.testing.assert_close(got_loss, upstream_loss, rtol=1e-5, atol=1e-6)
+    for got, expected in zip(got_grads, upstream_grads):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
+
+
+def test_training_forward_validates_its_masks(model_dir, cpu_cuda):
+    from d3s_openrlhf.integration.training_forward import training_forward
 
     actor = load_actor(model_dir)
-    assert kept_forward_blocker(make_args(), actor, False) is None
+    e = make_experience(actor, seed=7)
+    kept = pg_mask_from_rows(e.info[PG_MASK_KEY], e.action_mask)
+    with pytest.raises(ValueError, match="fill_log_probs"):
+        training_forward(actor, e.sequences, e.action_mask, e.attention_mask, log_prob_mask=kept)
+    with pytest.raises(ValueError, match="entropy"):
+        training_forward(
+            actor, e.sequences, e.action_mask, e.attention_mask, log_prob_mask=kept,
+            fill_log_probs=e.action_log_probs, return_output=True, return_entropy=True,
+        )  # fmt: skip
+    log_probs, output = training_forward(
+        actor, e.sequences, e.action_mask, e.attention_mask, return_output=True, return_entropy=True
+    )
+    assert output.logits.shape == (e.sequences.shape[0], 0, VOCAB)
+    assert output.entropy.shape == (e.sequences.shape[0], e.sequences.shape[1] - 1)
+    assert torch.all(output.entropy[:, : -e.action_mask.shape[1]] == 0) and torch.all(log_probs[~e.action_mask] == 0)
+
+
+def test_training_forward_only_where_the_logits_are_the_heads_output(model_dir, cpu_cuda):
+    from d3s_openrlhf.integration.training_forward import training_forward_blocker
+
+    actor = load_actor(model_dir)
+    for loss in LOSSES.values():  # every loss: KL, GSPO and entropy read every token, without full logits
+        assert training_forward_blocker(make_args(**loss), actor, False) is None
     blocked = {
         "--d3s.full_logits": (make_args(), True, None),
-        "gspo": (make_args(actor__policy_loss_type="gspo"), False, None),
-        "--algo.kl.use_loss": (make_args(algo__kl__use_loss=True), False, None),
-        "--actor.entropy_coef": (make_args(actor__entropy_coef=0.0), False, None),
         "ring_attn": (make_args(), False, object()),
         "--ds.deepcompile": (make_args(ds__deepcompile=True), False, None),  # its compiled graph gathers nothing
     }
     for reason, (args, full_logits, ring_group) in blocked.items():
-        assert reason in kept_forward_blocker(args, actor, full_logits, ring_group), reason
+        assert reason in training_forward_blocker(args, actor, full_logits, ring_group), reason
+    head = actor.model.lm_head
+    actor.model.lm_head = torch.nn.Sequential(head)  # e.g. a LoRA-wrapped head: not a plain nn.Linear
+    assert "Sequential" in training_forward_blocker(make_args(), actor, False)
+    actor.model.lm_head = head
     actor.model.config.model_type = "gemma2"  # logits soft-capped after the head
-    assert "gemma2" in kept_forward_blocker(make_args(), actor, False)
+    assert "gemma2" in training_forward_blocker(make_args(), actor, False)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
+def test_training_forward_on_cuda_equals_upstreams(model_dir, dtype, packing):
+    from d3s_openrlhf.integration.training_forward import training_forward
+
+    actor = load_actor(model_dir, temperature=0.7, packing_samples=packing)
+    e = make_experience(actor, seed=8, pg=None)
+    actor.model.to("cuda", dtype)
+    sequences, action_mask, attention_mask = (t.cuda() for t in (e.sequences, e.action_mask, e.attention_mask))
+    results = []
+    for forward in (Actor.forward, training_forward):
+        actor.zero_grad(set_to_none=True)
+        log_probs = forward(actor, sequences, action_mask, attention_mask)
+        (log_probs * action_mask).sum().backward()
+        results.append((log_probs.detach(), [p.grad.clone() for p in actor.parameters()]))
+    (expected, expected_grads), (got, got_grads) = results
+    tolerance = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(got, expected, **tolerance)
+    for grad, expected_grad in zip(got_grads, expected_grads):
+        torch.testing.assert_close(grad, expected_grad, **tolerance)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe-aux-loss"])
+def test_a_deepspeed_engine_starts_the_backward_once(stage, moe, process_group, monkeypatch):
+    """DeepSpeed starts its backward (ZeRO's accumulation boundary, ...) from hooks on its forward's outputs, which
+    a loss of log-probs computed after that forward does not reach: without hooks of its own, the forward
+    without full logits trained with the prologue never run. With an MoE aux loss (an engine output on the loss
+    path) it still runs once."""
+    import deepspeed
+    from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
+
+    from d3s_openrlhf.integration.training_forward import training_forward
+
+    for name, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1").items():
+        monkeypatch.setenv(name, value)
+    # ZeRO-3 replaces torch.nn.functional.linear for the whole process ("This will persist unless manually reset")
+    monkeypatch.setattr(torch.nn.functional, "linear", torch.nn.functional.linear)
+    sizes = dict(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    if moe:
+        model = MixtralForCausalLM(MixtralConfig(**sizes, num_local_experts=2, num_experts_per_tok=1))
+        model.config.output_router_logits = True
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**sizes))
+    actor = Actor(model)
+    actor.packing_samples = False
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    config = {
+        "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2, "zero_optimization": {"stage": stage}
+    }
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    actor.model = engine
+    starts = []
+    prologue = engine._backward_prologue
+    engine._backward_prologue = lambda: (starts.append(1), prologue())[1]
+    e = make_experience(actor, seed=9, pg=None)
+    for forward in (Actor.forward, training_forward):
+        log_probs, output = forward(actor, e.sequences, e.action_mask, e.attention_mask, return_output=True)
+        loss = (log_probs * e.action_mask).sum() + (output.aux_loss if moe else 0)
+        engine.backward(loss)
+        assert len(starts) == 1, (forward.__name__, len(starts))
+        starts.clear()
+
+
+def test_training_step_with_a_kl_loss_never_holds_the_full_logits(tmp_path, cpu_cuda, peak_memory):
+    """The paper-scale scripts' loss (PPO-clip + KL loss, K < 1): the step's extra peak stays below one copy of the
+    full fp32 logits (upstream's torch path holds several) with the kernel's default block sizes."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from d3s_openrlhf.integration.training_forward import training_forward
+
+    vocab, rows, length, width = 32768, 2, 64, 56
+    config = LlamaConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(tmp_path)
+    actor = load_actor(str(tmp_path))
+    g = torch.Generator().manual_seed(0)
+    sequences = torch.randint(0, vocab, (rows, length), generator=g)
+    attention_mask = torch.ones(rows, length, dtype=torch.long)
+    action_mask = torch.ones(rows, width, dtype=torch.bool)
+    with torch.no_grad():
+        reference = actor(sequences, action_mask, attention_mask) - 0.1
+
+    def step(forward):
+        actor.zero_grad(set_to_none=True)
+        log_probs = forward(actor, sequences, action_mask, attention_mask)
+        kl = compute_approx_kl(log_probs, reference, kl_estimator="k3")
+        (-(log_probs.exp() * action_mask).mean() + 0.01 * kl.mean()).backward()
+        return log_probs.detach()
+
+    step(Actor.forward)  # gradient buffers exist before either measurement
+    step(training_forward)
+    expected, upstream_peak = peak_memory(step, Actor.forward)
+    got, peak = peak_memory(step, training_forward)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    full_logits_bytes = rows * length * vocab * 4
+    assert upstream_peak >= 2 * full_logits_bytes  # the measurement sees upstream's logits and their gradient
+    assert peak < full_logits_bytes, (peak, full_logits_bytes)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -696,13 +879,31 @@ def test_entropy_forward_returns_upstreams_log_probs_and_the_action_entropy(mode
     if full_logits:  # upstream's forward, bit for bit, and the entropy of its logits
         assert torch.equal(log_probs, expected_log_probs)
         assert heads[0][-2] > 0
-    else:  # the head ran on no position: no logits were built
+    else:  # the head ran once, on the action positions only
         torch.testing.assert_close(log_probs, expected_log_probs, rtol=1e-5, atol=1e-6)
-        assert [shape[-2] for shape in heads] == [0]
+        assert heads == [(int(e.action_mask.sum()), 64)]
     assert log_probs.device.type == "cpu" and entropy.device.type == "cpu" and entropy.shape == log_probs.shape
     assert worker.actor is actor and actor.training
     torch.testing.assert_close(entropy, upstream_action_entropy(actor, e), rtol=1e-5, atol=1e-5)
     assert torch.all(entropy[~e.action_mask] == 0) and torch.all(entropy[e.action_mask] > 0)
+
+
+@pytest.mark.parametrize("full_logits", [False, True], ids=["head-free", "full-logits"])
+def test_policy_forward_gives_log_probs_without_full_logits_when_asked(model_dir, cpu_cuda, full_logits):
+    """--d3s.chunked_logits at a step without token selection: the log-probs alone, from the hidden states."""
+    actor = load_actor(model_dir, temperature=0.7)
+    worker = bare_policy_actor(actor, with_full_logits(make_args(), full_logits))
+    e = make_experience(actor, seed=43, pg=None)
+    upstream_forward = ppo_actor.PolicyModelActor.__ray_actor_class__.forward
+    expected = upstream_forward(worker, e.sequences, e.action_mask, e.attention_mask)
+    heads = record_head_inputs(actor)
+    got = worker.forward(e.sequences, e.action_mask, e.attention_mask, head_free=True)
+    assert isinstance(got, torch.Tensor) and worker.actor is actor
+    if full_logits:
+        assert torch.equal(got, expected) and heads[0][-2] == e.sequences.shape[1]
+    else:
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+        assert heads == [(int(e.action_mask.sum()), 64)]
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -728,7 +929,7 @@ def test_head_free_log_probs_equal_upstreams_forward(model_dir, cpu_cuda, packin
         log_probs, entropy = head_free_log_probs(
             actor, e.sequences, e.action_mask, e.attention_mask, chunk_size=chunk_size
         )
-        assert [shape[-2] for shape in heads] == [0]  # the head ran on no position: no logits were built
+        assert heads == [(int(e.action_mask.sum()), 64)]  # once, on the action positions only
         assert log_probs.dtype == entropy.dtype == torch.float32 and log_probs.shape == e.action_mask.shape
         torch.testing.assert_close(log_probs, expected, **tolerance)
         torch.testing.assert_close(entropy, upstream_action_entropy(actor, e), **tolerance)
@@ -791,23 +992,8 @@ def test_reference_forward_without_full_logits_when_asked(model_dir, cpu_cuda, p
             assert torch.equal(got, expected) and heads[0][-2] > 0
         else:
             torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
-            assert [shape[-2] for shape in heads] == [0]
+            assert heads == [(int(e.action_mask.sum()), 64)]
         actor.model.get_output_embeddings()._forward_hooks.clear()
-
-
-def test_head_free_forward_only_where_the_logits_are_the_heads_output(model_dir, cpu_cuda):
-    from d3s_openrlhf.integration.experience_forward import head_free_blocker
-
-    actor = load_actor(model_dir)
-    assert head_free_blocker(actor, False) is None
-    assert "--d3s.full_logits" in head_free_blocker(actor, True)
-    assert "ring_attn" in head_free_blocker(actor, False, object())
-    head = actor.model.lm_head
-    actor.model.lm_head = torch.nn.Sequential(head)  # e.g. a LoRA-wrapped head: not a plain nn.Linear
-    assert "Sequential" in head_free_blocker(actor, False)
-    actor.model.lm_head = head
-    actor.model.config.model_type = "gemma2"  # logits soft-capped after the head
-    assert "gemma2" in head_free_blocker(actor, False)
 
 
 def test_the_model_actors_step_aside_for_upstreams_forward_under_deepcompile():

@@ -225,6 +225,13 @@ def test_deepcompile_is_said_once_at_launch_where_tokens_are_selected():
     (note,) = [note for note in notes("--ds.deepcompile") if "deepcompile" in note]
     assert "full logits" in note
     assert not [note for note in notes("--ds.deepcompile", k_init=1.0, k_final=1.0) if "deepcompile" in note]
+    # without sample selection too: token selection alone, or --d3s.chunked_logits alone
+    alone = {"preset": "grpo", "k_init": 0.5, "k_final": 0.5}, {"preset": "grpo", "chunked_logits": True}
+    for fields in alone:
+        plan = host.validate_against_host(
+            D3SConfig.from_flags(fields), host.parse_host_args([*SKIP_HOST, "--ds.deepcompile"])
+        )
+        assert [note for note in plan.notes if "deepcompile" in note], fields
 
 
 # ── prompt skipping (the run's steps are then unknown in advance) ──

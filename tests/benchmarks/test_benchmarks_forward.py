@@ -1,0 +1,53 @@
+"""The forward benchmarks' own pieces: upstream's log-prob stand-in, and the GPU benchmark run on a CPU at toy
+sizes (the script must work wherever it is started; its figures come from a GPU)."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import bench_forward_gpu  # noqa: E402
+from upstream_logprobs import install_triton_profile, upstream_log_probs  # noqa: E402
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_the_triton_profile_gives_upstreams_log_probs_and_gradient(temperature):
+    from openrlhf.models.utils import log_probs_from_logits
+
+    logits = torch.randn(7, 31, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    labels = torch.randint(0, 31, (7,), generator=torch.Generator().manual_seed(1))
+    expected = log_probs_from_logits(logits.clone(), labels, temperature)  # the torch fallback: no Triton here
+    with install_triton_profile():
+        profiled = log_probs_from_logits(logits.clone(), labels, temperature)
+    for triton in (False, True):
+        got = upstream_log_probs(logits.clone(), labels, temperature, triton)
+        torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(profiled, expected)
+    (grad,) = torch.autograd.grad(profiled.sum(), logits)
+    (expected_grad,) = torch.autograd.grad(expected.sum(), logits)
+    torch.testing.assert_close(grad, expected_grad)
+    assert "flash_attn.ops.triton.cross_entropy" not in sys.modules or sys.modules[
+        "flash_attn.ops.triton.cross_entropy"
+    ].__name__ == "flash_attn.ops.triton.cross_entropy"
+
+
+def test_the_gpu_benchmark_runs_on_a_cpu_at_toy_sizes(tmp_path):
+    result = bench_forward_gpu.main(
+        [
+            "--device", "cpu", "--dtype", "fp32", "--tokens", "48", "--hidden", "16", "--heads", "2",
+            "--layers", "1", "--vocab", "2048", "--repeats", "1", "--json", str(tmp_path / "forward_gpu.json"),
+        ]
+    )  # fmt: skip
+    (row,) = result["rows"]
+    assert set(row["experience"]) == {"upstream", "ours"}
+    for kl in ("kl off", "kl on"):
+        cells = row["training"][kl]
+        assert set(cells) == {"upstream torch", "upstream triton", "ours 0.05", "ours 0.2", "ours 1"}
+        for fraction in ("0.05", "0.2", "1"):
+            # never above upstream's cheaper profile, at every K (peaks from allocator events: exact on a CPU)
+            assert cells[f"ours {fraction}"]["peak_mib"] <= cells["upstream triton"]["peak_mib"], (kl, fraction)
+    assert (tmp_path / "forward_gpu.json").exists()
