@@ -20,6 +20,9 @@ every action token, as the paper-scale scripts' ``--algo.kl.use_loss``):
                        kept tokens (``pg``), or at every action token (``kl``; and ``K=1``, what
                        ``--d3s.chunked_logits`` runs at a step without token selection).
 
+and ``floor``: the model up to its head and a zero loss, with every weight's gradient (tied embedding included): what
+every variant holds alike, so that peak - floor is the memory of the log-probs (the logits' share).
+
 Peak = the maximum bytes held by torch's CPU allocator above the level at the call's start (torch.profiler
 ``[memory]`` events, exact, no CUDA needed); time = wall time of a separate, unprofiled call, best of ``--repeats``.
 
@@ -45,7 +48,7 @@ from upstream_logprobs import install_triton_profile
 
 from d3s_openrlhf.core.entropy import entropy_from_logits
 from d3s_openrlhf.integration.experience_forward import head_free_log_probs
-from d3s_openrlhf.integration.training_forward import training_forward
+from d3s_openrlhf.integration.training_forward import final_hidden_states, training_forward
 
 
 def best_seconds(fn, repeats: int) -> float:
@@ -139,7 +142,13 @@ def training_variants(actor, sequences, attention_mask, action_mask, advantages,
     for fraction in fractions:
         masks[fraction] = torch.zeros_like(action_mask)
         masks[fraction][0, scores[0].topk(max(1, math.ceil(fraction * width))).indices] = True
-    variants = {}
+    def floor():  # what every variant holds alike: the body's activations and every weight's gradient
+        actor.zero_grad(set_to_none=True)
+        hidden, _ = final_hidden_states(actor, sequences, attention_mask)
+        (hidden.sum() * 0 + actor.model.get_output_embeddings().weight.sum() * 0).backward()
+        actor.zero_grad(set_to_none=True)
+
+    variants = {"floor, -": floor}
     for kl in (False, True):
         tag = "kl" if kl else "pg"
         variants[f"upstream torch, {tag}"] = step(upstream, action_mask, kl)

@@ -2,7 +2,8 @@
 # Regenerate every benchmark, benchmarks/RESULTS.md with its plots and JSON, and the learning study
 # (benchmarks/results/learning_study.{json,md,png}, section 2 of RESULTS.md). Run from anywhere; builds .venv
 # first if needed. Leave the machine otherwise idle: the figures are wall times. Parts run alone, on 2 CPU cores:
-#   step cost + selection + memory + forward: about 35 minutes (bench_forward.py: 10);
+#   step cost + selection + memory + forward: about 40 minutes (bench_forward.py: 15, measured 2026-11-25);
+#   on a GPU machine, separately: PYTHONPATH=$PWD python benchmarks/bench_forward_gpu.py (torch + transformers);
 #   the study (bench_learning.py): 72 minutes measured on 2026-11-25 (SFT 4, --parts pods 24, --parts d3s 44);
 #   report.py: seconds.
 set -euo pipefail

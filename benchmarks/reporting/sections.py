@@ -241,17 +241,29 @@ def forward_section(forward):
         )
     lines += [
         "",
-        "| T | loss | training step | peak MiB | × upstream triton | × upstream torch | seconds | × upstream torch |",
-        "|---:|---|---|---:|---:|---:|---:|---:|",
+        "Training step: peak extra memory, and its part above the floor (the model up to its head with every "
+        "weight's gradient and no log-probs, what every variant holds alike): the log-probs' own memory, compared "
+        "with upstream's. 0: the step's peak is the floor's own, the accumulation of the gradients.",
+        "",
+        "| T | loss | training step | peak MiB | above the floor | × upstream triton | × upstream torch | seconds "
+        "| × upstream torch |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for row in forward["rows"]:
         train = row["training"]
+        floor = train["floor, -"]["peak_mib"]
+
+        def above(cell):  # 0 where the step's peak is the floor's own (the gradients' accumulation)
+            return max(0.0, cell["peak_mib"] - floor)
+
         for name, cell in train.items():
             variant, tag = name.rsplit(", ", 1)
+            if variant == "floor":
+                continue
             triton, torch_ = train[f"upstream triton, {tag}"], train[f"upstream torch, {tag}"]
             lines.append(
-                f"| {row['tokens']:,} | {tag} | {variant} | {cell['peak_mib']:,.0f} | "
-                f"{cell['peak_mib'] / triton['peak_mib']:.2f} | {cell['peak_mib'] / torch_['peak_mib']:.2f} | "
+                f"| {row['tokens']:,} | {tag} | {variant} | {cell['peak_mib']:,.0f} | {above(cell):,.0f} | "
+                f"{above(cell) / above(triton):.2f} | {above(cell) / above(torch_):.2f} | "
                 f"{cell['seconds']:.2f} | {cell['seconds'] / torch_['seconds']:.2f} |"
             )
     # the model's shape is recorded in its description only, e.g. "Qwen2-like, vocabulary 151,936, hidden 896, ..."

@@ -11,6 +11,7 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 import bench_forward_gpu  # noqa: E402
+from reporting.sections import gpu_forward_section  # noqa: E402
 from upstream_logprobs import install_triton_profile, upstream_log_probs  # noqa: E402
 
 
@@ -51,3 +52,7 @@ def test_the_gpu_benchmark_runs_on_a_cpu_at_toy_sizes(tmp_path):
             # never above upstream's cheaper profile, at every K (peaks from allocator events: exact on a CPU)
             assert cells[f"ours {fraction}"]["peak_mib"] <= cells["upstream triton"]["peak_mib"], (kl, fraction)
     assert (tmp_path / "forward_gpu.json").exists()
+    # RESULTS.md's table of it, and the line that says where it has not run
+    table = "\n".join(gpu_forward_section(result))
+    assert "| 48 | kl on | ours 0.2 |" in table and "Not run" not in table
+    assert "Not run yet" in "\n".join(gpu_forward_section(None))
