@@ -93,6 +93,8 @@ class _ChunkedLogProbs(torch.autograd.Function):
     def backward(ctx, grad_log_probs, grad_entropy):
         hidden, weight, bias, targets, logsumexp, entropy = ctx.saved_tensors
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
+        if grad_log_probs is None and grad_entropy is None:
+            return None, None, None, None, None, None, None
         grad_hidden = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device) if need_hidden else None
         grad_weight = torch.empty_like(weight) if need_weight else None
         grad_bias = torch.empty_like(bias) if need_bias else None
@@ -111,11 +113,10 @@ class _ChunkedLogProbs(torch.autograd.Function):
             else:
                 grad_logits = probs.mul_(-grad_log_probs.unsqueeze(-1))
             del logits, probs
-            if grad_log_probs is not None:
-                (hits,) = ((targets >= columns.start) & (targets < columns.stop)).nonzero(as_tuple=True)
-                grad_logits.index_put_(
-                    (hits, targets[hits] - columns.start), grad_log_probs[hits], accumulate=True
-                )
+            if grad_log_probs is not None:  # + g at the target, where it falls in this block (no host sync)
+                inside = (targets >= columns.start) & (targets < columns.stop)
+                local = (targets - columns.start).clamp_(0, grad_logits.shape[1] - 1)
+                grad_logits.scatter_add_(-1, local.unsqueeze(-1), (grad_log_probs * inside).unsqueeze(-1))
             if ctx.temperature != 1.0:
                 grad_logits.div_(ctx.temperature)
             if need_bias:

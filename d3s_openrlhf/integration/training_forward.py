@@ -164,6 +164,18 @@ def head_log_probs(head: torch.nn.Linear, hidden, targets, temperature: float, c
             head.forward = own
 
 
+def _tensors(value) -> Iterator[torch.Tensor]:
+    """The tensors of a model output, nested in dicts, tuples and lists (as the engine's hooks traverse it)."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            yield from _tensors(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+
+
 def _start_backward_with_the_engine(actor: Actor, output, tensors) -> None:
     """A DeepSpeed engine starts its backward (ZeRO's accumulation boundary, backward bookkeeping, offload swaps)
     from hooks on the outputs of its forward, once per backward (DeepSpeed versions with
@@ -177,7 +189,7 @@ def _start_backward_with_the_engine(actor: Actor, output, tensors) -> None:
         from deepspeed.runtime.utils import register_output_backward_hooks
     except ImportError:
         return
-    managers = [m for value in output.values() for m in getattr(value, "_backward_hook_managers", ())]
+    managers = [m for tensor in _tensors(output) for m in getattr(tensor, "_backward_hook_managers", ())]
     if not managers:
         register_output_backward_hooks(tensors, engine._backward_prologue, engine._backward_prologue_per_tensor)
         return
