@@ -338,8 +338,7 @@ class D3SActorPPOTrainer(MergedLoRASync, ppo_actor.ActorPPOTrainer):
         """Within the block the actor's forward computes its log-probs (and entropy) from the final hidden states
         (``training_forward``): at the ``pg_mask`` tokens alone where the loss reads only those, else at every
         action token. Where ``training_forward_blocker`` objects, upstream's forward runs unchanged."""
-        full_logits = full_logits_requested(self.args)
-        blocker = training_forward_blocker(self.args, self.actor, full_logits, self.strategy.ring_attn_group)
+        blocker = _head_free_blocker(self.strategy, self.actor)
         if blocker is not None:
             self._say_once(f"[d3s] training forward: upstream's, with full logits ({blocker})")
             yield
@@ -445,6 +444,7 @@ def _standing_in(worker, name: str, tap):
 
 
 def _head_free_blocker(strategy, model) -> Optional[str]:
+    """Why ``model``'s forwards (training and experience) keep upstream's full logits under ``strategy``, or None."""
     return training_forward_blocker(
         strategy.args, model, full_logits_requested(strategy.args), strategy.ring_attn_group
     )

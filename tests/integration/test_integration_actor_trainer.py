@@ -615,14 +615,12 @@ def test_a_deepspeed_engine_starts_the_backward_once(stage, moe, process_group, 
         starts.clear()
 
 
-def test_training_step_with_a_kl_loss_never_holds_the_full_logits(tmp_path, cpu_cuda, peak_memory):
-    """The paper-scale scripts' loss (PPO-clip + KL loss, K < 1): the step's extra peak stays below one copy of the
-    full fp32 logits (upstream's torch path holds several) with the kernel's default block sizes."""
+def wide_vocabulary_batch(tmp_path, rows):
+    """A one-layer Llama with a 32,768-token vocabulary (its logits dwarf the rest) and a batch of ``rows`` full
+    sequences of 64 tokens, 56 of them actions: ``(actor, sequences, attention_mask, action_mask)``."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from d3s_openrlhf.integration.training_forward import training_forward
-
-    vocab, rows, length, width = 32768, 2, 64, 56
+    vocab, length, width = 32768, 64, 56
     config = LlamaConfig(
         vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
         num_key_value_heads=2, max_position_embeddings=64,
@@ -633,6 +631,16 @@ def test_training_step_with_a_kl_loss_never_holds_the_full_logits(tmp_path, cpu_
     sequences = torch.randint(0, vocab, (rows, length), generator=g)
     attention_mask = torch.ones(rows, length, dtype=torch.long)
     action_mask = torch.ones(rows, width, dtype=torch.bool)
+    return actor, sequences, attention_mask, action_mask
+
+
+def test_training_step_with_a_kl_loss_never_holds_the_full_logits(tmp_path, cpu_cuda, peak_memory):
+    """The paper-scale scripts' loss (PPO-clip + KL loss, K < 1): the step's extra peak stays below one copy of the
+    full fp32 logits (upstream's torch path holds several) with the kernel's default block sizes."""
+    from d3s_openrlhf.integration.training_forward import training_forward
+
+    actor, sequences, attention_mask, action_mask = wide_vocabulary_batch(tmp_path, rows=2)
+    (rows, length), vocab = sequences.shape, actor.model.config.vocab_size
     with torch.no_grad():
         reference = actor(sequences, action_mask, attention_mask) - 0.1
 
@@ -937,21 +945,10 @@ def test_head_free_log_probs_equal_upstreams_forward(model_dir, cpu_cuda, packin
 
 
 def test_head_free_forward_never_holds_the_full_logits(tmp_path, cpu_cuda, peak_memory):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from d3s_openrlhf.integration.experience_forward import head_free_log_probs
 
-    vocab, rows, length, width = 32768, 4, 64, 56
-    config = LlamaConfig(
-        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=2, max_position_embeddings=64,
-    )  # fmt: skip
-    LlamaForCausalLM(config).save_pretrained(tmp_path)
-    actor = load_actor(str(tmp_path))
-    g = torch.Generator().manual_seed(0)
-    sequences = torch.randint(0, vocab, (rows, length), generator=g)
-    attention_mask = torch.ones(rows, length, dtype=torch.long)
-    action_mask = torch.ones(rows, width, dtype=torch.bool)
+    actor, sequences, attention_mask, action_mask = wide_vocabulary_batch(tmp_path, rows=4)
+    (rows, length), vocab = sequences.shape, actor.model.config.vocab_size
     full_logits_bytes = rows * length * vocab * 4
     with torch.no_grad():
         expected, upstream_peak = peak_memory(actor, sequences, action_mask, attention_mask)
