@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, Dict, Mapping, Optional
 
+from d3s_openrlhf.core.checks import is_int, is_real
 from d3s_openrlhf.core.prompt_skip import PROMPT_SKIP_MODES, PromptSkipPolicy
 from d3s_openrlhf.core.schedule import SCHEDULE_KINDS, DownSamplingSchedule
 from d3s_openrlhf.core.selection import SAMPLE_SCOPES, SELECTION_RULES
@@ -33,13 +34,7 @@ ADVANTAGE_MODES = ("group", "subset")
 FLAG_PREFIX = "d3s."
 
 # PromptSkipPolicy's parameters -> the options that set them
-_SKIP_FIELDS = {
-    "window": "skip_window",
-    "target": "skip_target",
-    "max_prob": "skip_max_prob",
-    "rate": "skip_rate",
-    "prob": "skip_init_prob",
-}
+_SKIP_FIELDS = {"base": "skip_base", "floor": "skip_floor", "target": "skip_target", "rate": "skip_rate"}
 
 _FIXED_N = 20  # mean of the D3S linear schedule 8 -> 32 (our choice, see the module docstring)
 _FIXED_K = 0.125  # mean of the D3S linear schedule 0.05 -> 0.20
@@ -166,7 +161,8 @@ class D3SConfig:
     schedule_steps: int = _option(
         0,
         "steps over which p goes from 0 to 1 (p = min(step / schedule_steps, 1)); 0 = the run's number of "
-        "rollout steps",
+        "rollout steps. With prompt skipping or screening (--d3s.prompt_skip, --d3s.pilot_rollouts) it is required "
+        "and the run trains exactly this many steps, cycling over the prompts as often as it takes",
         int,
     )
     token_scope: str = _option(
@@ -184,31 +180,47 @@ class D3SConfig:
     )
     prompt_skip: str = _option(
         "off",
-        "prompt-level down-sampling before generation: history = a prompt whose last --d3s.skip_window groups all "
-        "had equal rewards (zero variance, no policy-gradient signal) is skipped with an adaptive probability and "
-        "its slot refilled from the dataloader (GRESO, arXiv 2506.02177, is the precedent; the policy is ours, see "
-        "d3s_openrlhf.core.prompt_skip). Helps only when prompts recur (several epochs); needs rewards at generation "
-        "time (--reward.remote_url or an agent)",
+        "prompt-level down-sampling before generation: history = a prompt whose latest observation (a group or a "
+        "pilot) had equal rewards is skipped with its own probability 1 - max(base^c, floor), c its streak of such "
+        "observations (GRESO's rule, arXiv 2506.02177), and its slot refilled from the dataloader; needs rewards at "
+        "generation time (--reward.remote_url or an agent) and --d3s.schedule_steps (docs/generation.md)",
         str,
         PROMPT_SKIP_MODES,
     )
-    skip_window: int = _option(
-        1, "groups in a row with zero reward variance that make a prompt a candidate for skipping", int
+    skip_base: float = _option(
+        0.5,
+        "the base of the per-prompt skip probability 1 - max(base^c, floor) at the start, in [0.05, 0.95]; it adapts "
+        "after every batch that drew a skip candidate",
+        float,
+    )
+    skip_floor: float = _option(
+        0.01,
+        "the exploration floor, in [0.01, 1): a candidate is still generated with probability at least this at every "
+        "visit, so a prompt that becomes informative again comes back",
+        float,
     )
     skip_target: float = _option(
         0.25,
-        "the share of zero-variance groups among those generated that the skip probability steers towards, in "
-        "[0, 1): above it the probability rises by --d3s.skip_rate x (share - target) per step, below it falls",
+        "the share of zero-variance observations (groups or pilots) among the prompts generated that the base steers "
+        "towards, in [0, 1): above it the base falls by --d3s.skip_rate x (share - target), so more is skipped",
         float,
     )
-    skip_init_prob: float = _option(0.5, "the skip probability at the start, in [0, --d3s.skip_max_prob]", float)
-    skip_max_prob: float = _option(
-        0.9,
-        "the skip probability's ceiling, in [0, 1): a candidate is still generated with probability at least "
-        "1 - skip_max_prob at every visit, so a prompt that becomes informative again comes back",
+    skip_rate: float = _option(0.01, "the base's adaptation step per batch, > 0", float)
+    pilot_rollouts: int = _option(
+        0,
+        "screened generation: each training prompt first gets this many pilot rollouts (2 <= k < "
+        "--rollout.n_samples_per_prompt); a prompt whose pilot rewards are all equal is screened out (not trained, "
+        "its slot goes to the next prompt), the others get the rest of their group (SPEED-RL, arXiv 2506.09016). "
+        "0 = off. Needs rewards at generation time and --d3s.schedule_steps (docs/generation.md)",
+        int,
+    )
+    pilot_audit: float = _option(
+        0.0,
+        "the share of screened-out prompts whose group is completed anyway, only to measure how often the full "
+        "group would have had reward variance (a false reject: d3s/false_rejects of d3s/audited_prompts); audited "
+        "groups are never trained. Costs G - k rollouts per audited prompt; 0 = off, in [0, 1]",
         float,
     )
-    skip_rate: float = _option(0.05, "the skip probability's adaptation step per training step, > 0", float)
     full_logits: bool = _option(
         False,
         "compute upstream's full-vocabulary logits in every forward. By default, at steps with K < 1 the actor's "
@@ -266,11 +278,24 @@ class D3SConfig:
         for name in ("full_logits", "chunked_logits", "dry_run"):
             if not isinstance(getattr(self, name), bool):
                 bad(name, "must be a bool")
-        try:  # the skip options' ranges are the policy's own
-            self.skip_policy()
-        except ValueError as error:
-            parameter, _, requirement = str(error).partition(" must be ")
-            bad(_SKIP_FIELDS[parameter], "must be " + requirement.rsplit(", got ", 1)[0])
+        # the skip options' ranges are the policy's own
+        skip_values = {parameter: getattr(self, name) for parameter, name in _SKIP_FIELDS.items()}
+        for parameter, requirement, _ in PromptSkipPolicy.problems(**skip_values):
+            bad(_SKIP_FIELDS[parameter], f"must be {requirement}")
+        if not is_int(self.pilot_rollouts) or self.pilot_rollouts < 0 or self.pilot_rollouts == 1:
+            bad("pilot_rollouts", "must be 0 (off) or an int >= 2 (a pilot of one rollout never shows variance)")
+        if not (is_real(self.pilot_audit) and 0.0 <= self.pilot_audit <= 1.0):
+            bad("pilot_audit", "must be a number in [0, 1] (a share of the screened-out prompts)")
+        elif self.pilot_audit > 0 and not self.screening_enabled:
+            bad("pilot_audit", "audits screened-out prompts, which needs --d3s.pilot_rollouts k >= 2")
+        if self.generation_enabled and is_int(self.schedule_steps) and self.schedule_steps <= 0:
+            bad(
+                "schedule_steps",
+                f"must be > 0 with --d3s.prompt_skip {self.prompt_skip} / --d3s.pilot_rollouts {self.pilot_rollouts}: "
+                "prompts that are skipped or screened out make a pass over the data shorter by an unknown number of "
+                "steps, so the run trains a fixed number S of steps instead, cycling over the prompts (set "
+                "--d3s.schedule_steps S; it is also the (N, K) schedule's and the LR schedule's horizon)",
+            )
         if self.full_logits is True and self.chunked_logits is True:
             bad("chunked_logits", "contradicts --d3s.full_logits=True (upstream's full logits everywhere); set one")
         if self.advantage_mode == "subset" and self.sample_rule == "none":
@@ -300,19 +325,25 @@ class D3SConfig:
         return self.prompt_skip != "off"
 
     @property
+    def screening_enabled(self) -> bool:
+        """Whether training prompts are screened by pilot rollouts (--d3s.pilot_rollouts k > 0)."""
+        return is_int(self.pilot_rollouts) and self.pilot_rollouts > 0
+
+    @property
+    def generation_enabled(self) -> bool:
+        """Whether D3S decides which prompts are generated (skipping or screening): the run then cycles its prompts
+        for exactly --d3s.schedule_steps training steps."""
+        return self.skip_enabled or self.screening_enabled
+
+    @property
     def enabled(self) -> bool:
-        """Whether D3S changes anything (prompt skipping, sample or token selection, the forwards at K = 1)."""
-        return self.samples_enabled or self.tokens_enabled or self.skip_enabled or self.chunked_logits
+        """Whether D3S changes anything (skipping or screening prompts, sample or token selection, the forwards at
+        K = 1)."""
+        return self.samples_enabled or self.tokens_enabled or self.generation_enabled or self.chunked_logits
 
     def skip_policy(self) -> PromptSkipPolicy:
         """A fresh prompt-skip policy with these options."""
-        return PromptSkipPolicy(
-            window=self.skip_window,
-            target=self.skip_target,
-            max_prob=self.skip_max_prob,
-            rate=self.skip_rate,
-            prob=self.skip_init_prob,
-        )
+        return PromptSkipPolicy(**{parameter: getattr(self, name) for parameter, name in _SKIP_FIELDS.items()})
 
     @property
     def max_n(self) -> int:

@@ -1,51 +1,62 @@
-"""Prompt-level down-sampling before generation: skip prompts whose recent groups had no reward variance.
+"""Prompt-level down-sampling before generation: skip prompts whose own record says their group will be wasted.
 
 A group whose G rewards are all equal has every advantage 0 and adds nothing to the policy gradient; D3S's
-cross-group selection drops it anyway. Such prompts tend to stay that way from one epoch to the next (too easy or
-hopeless for the current policy), so their generation is wasted. GRESO (arXiv 2506.02177) predicts them from their
-own history and skips them before generation, with a skip probability that adapts and an exploration floor. Our
-policy (the design choices are ours):
+cross-group selection drops it anyway. Such prompts tend to stay that way for a while (too easy or hopeless for
+the current policy), so generating them again is wasted. GRESO (arXiv 2506.02177) predicts them from each prompt's
+own history and skips them before generation. Our policy (the design and its reasons: docs/generation.md):
 
-* **History.** Per prompt (a stable key: prompt text and label, the same in every epoch whatever the shuffle), the
-  number of its most recent generated groups in a row whose rewards were all equal, capped at ``window``.
-* **Candidates.** A prompt is a candidate for skipping when its last ``window`` groups all had zero variance. A
-  prompt never generated, or whose latest group had variance, is always generated.
-* **Skip probability.** A candidate is skipped with probability p, one uniform draw per candidate from the step's
-  generator (``step_generator(seed, batch)``): reproducible, also after a resume. p starts at ``init_prob`` and,
-  after every batch, follows the observed share z of zero-variance groups among the groups generated:
+* **Record.** Per prompt (a stable key), its streak c: how many of its most recent observations in a row had zero
+  reward variance. An observation is a generated group, or a pilot (``core.screening``): a prompt screened out by
+  its pilot extends its streak, one whose pilot or group had variance resets it to 0.
+* **Per-prompt skip probability** (GRESO's streak rule): a prompt with streak c is skipped with probability
 
-      p <- clip(p + rate * (z - target), 0, max_prob)
+      q(c) = 1 - max(base^c, floor)            (q(0) = 0: a prompt never seen, or last seen with variance)
 
-  More zero-variance groups than ``target`` means generation is still being wasted: skip more. Fewer means the
-  candidates may have become informative (the policy changed): explore more. GRESO steers its exploration rate
-  from the zero-variance share in the same way.
-* **Floor.** ``max_prob`` < 1: a candidate is generated with probability at least 1 - max_prob at every visit, so a
-  prompt that becomes informative again is seen again, and a generated group with variance takes it off the
-  candidate list at once.
+  so one zero-variance observation makes a prompt a candidate and every further one makes it likelier to be
+  skipped, up to ``1 - floor``. Each prompt's probability comes from its own record: no global probability that
+  a few prompts can push to its ceiling for all.
+* **Exploration floor.** ``floor`` >= 0.01: a candidate is generated at least once in 1 / floor visits, so a
+  prompt the changing policy has made informative again comes back; its first observation with variance resets
+  its streak.
+* **Adaptation of the base**, without windup: after a batch in which at least one candidate was drawn, the base
+  moves against the share z of zero-variance observations among the prompts generated (pilots or groups):
 
-Skipped prompts do not change their history (they were not generated). The policy is plain Python and torch's
-generator; the samples generator of the integration draws prompts through it and reports every generated group.
+      base <- clip(base - rate * (z - target), BASE_MIN, BASE_MAX)
+
+  More wasted observations than ``target``: a smaller base, so candidates are skipped more. A batch that drew no
+  candidate leaves the base alone: skipping could not have changed its share (the first pass over the data, where
+  the old global probability fell for nothing).
+
+A skipped prompt is not observed (it costs no pilot and no rollout) and keeps its streak. Decisions use one uniform
+draw per candidate from the step's generator (``step_generator(seed, batch)``): reproducible, also after a resume.
+The policy is plain Python and torch's generator; the samples generator of the integration draws prompts through
+it and reports every pilot and group.
 """
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List
+from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
 
+from d3s_openrlhf.core.checks import is_real
+
 PROMPT_SKIP_MODES = ("off", "history")
 
+BASE_MIN, BASE_MAX = 0.05, 0.95  # GRESO's clamp of its base probability
+MIN_FLOOR = 0.01  # the exploration floor may not go below 1%: a skipped prompt must come back
+MAX_STREAK = 128  # BASE_MAX^128 < MIN_FLOOR: a longer streak changes no probability
 
-def _real(value) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and value == value  # NaN != NaN
 
-
-def _require(name: str, ok: bool, requirement: str, value) -> None:
-    """Raise ``ValueError("<name> must be <requirement>, got <value>")`` unless ``ok``."""
-    if isinstance(value, bool) or not ok:
-        raise ValueError(f"{name} must be {requirement}, got {value!r}")
+def zero_variance(rewards: Iterable[float]) -> bool:
+    """Whether a group's (or pilot's) rewards are all equal: every group-relative advantage is then 0."""
+    rewards = [float(reward) for reward in rewards]
+    if not rewards:
+        raise ValueError("an observed group has no rewards")
+    if not all(reward == reward and abs(reward) != float("inf") for reward in rewards):
+        raise ValueError(f"an observed group has a non-finite reward: {rewards}")
+    return max(rewards) == min(rewards)
 
 
 @dataclass
@@ -53,61 +64,77 @@ class PromptSkipPolicy:
     """The skip policy's parameters and state (see the module docstring).
 
     Args:
-        window: groups in a row with zero reward variance that make a prompt a candidate (>= 1).
-        target: the zero-variance share of generated groups the skip probability steers towards, in [0, 1).
-        max_prob: the skip probability's ceiling, in [0, 1): the exploration floor is 1 - max_prob.
-        rate: the adaptation step (> 0).
-        prob: the current skip probability, in [0, max_prob].
+        base: the streak rule's base in [BASE_MIN, BASE_MAX]: q(c) = 1 - max(base^c, floor).
+        floor: the exploration floor in [MIN_FLOOR, 1): a candidate is generated with probability at least this.
+        target: the zero-variance share of generated observations the base steers towards, in [0, 1).
+        rate: the base's adaptation step (> 0).
     """
 
-    window: int = 1
+    base: float = 0.5
+    floor: float = 0.01
     target: float = 0.25
-    max_prob: float = 0.9
-    rate: float = 0.05
-    prob: float = 0.5
-    streaks: Dict[str, int] = field(default_factory=dict)  # prompt key -> zero-variance groups in a row, <= window
+    rate: float = 0.01
+    streaks: Dict[str, int] = field(default_factory=dict)  # prompt key -> zero-variance observations in a row
 
     def __post_init__(self):
-        _require("window", isinstance(self.window, numbers.Integral) and self.window >= 1, "an int >= 1", self.window)
-        _require("target", _real(self.target) and 0.0 <= self.target < 1.0, "a number in [0, 1)", self.target)
-        # 1 would never generate a skipped prompt again
-        _require("max_prob", _real(self.max_prob) and 0.0 <= self.max_prob < 1.0, "a number in [0, 1)", self.max_prob)
-        _require("rate", _real(self.rate) and self.rate > 0.0, "a number > 0", self.rate)
-        prob_ok = _real(self.prob) and 0.0 <= self.prob <= self.max_prob
-        _require("prob", prob_ok, f"a number in [0, {self.max_prob:g}] (max_prob)", self.prob)
+        problems = self.problems(self.base, self.floor, self.target, self.rate)
+        if problems:
+            raise ValueError("; ".join(f"{name} must be {need}, got {value!r}" for name, need, value in problems))
+
+    @staticmethod
+    def problems(base, floor, target, rate) -> List[Tuple[str, str, object]]:
+        """Every invalid parameter as (parameter, requirement, value); empty when all are valid."""
+        found = []
+        if not (is_real(base) and BASE_MIN <= base <= BASE_MAX):
+            found.append(("base", f"a number in [{BASE_MIN}, {BASE_MAX}]", base))
+        if not (is_real(floor) and MIN_FLOOR <= floor < 1.0):
+            found.append(("floor", f"a number in [{MIN_FLOOR}, 1) (the exploration floor)", floor))
+        if not (is_real(target) and 0.0 <= target < 1.0):
+            found.append(("target", "a number in [0, 1)", target))
+        if not (is_real(rate) and rate > 0.0):
+            found.append(("rate", "a number > 0", rate))
+        return found
+
+    def streak(self, key: str) -> int:
+        return self.streaks.get(key, 0)
 
     def is_candidate(self, key: str) -> bool:
-        """Whether ``key``'s last ``window`` generated groups all had zero reward variance."""
-        return self.streaks.get(key, 0) >= self.window
+        """Whether ``key``'s latest observation had zero reward variance (so it may be skipped)."""
+        return self.streak(key) > 0
+
+    def skip_probability(self, key: str) -> float:
+        """q(c) = 1 - max(base^c, floor) for the prompt's streak c; 0 for a prompt that is no candidate."""
+        streak = self.streak(key)
+        return 0.0 if streak == 0 else 1.0 - max(self.base**streak, self.floor)
 
     def skips(self, keys: Iterable[str], generator: torch.Generator) -> List[bool]:
         """For each prompt key in order: skip it now? One uniform draw per candidate, none for the others."""
         decisions = []
         for key in keys:
-            candidate = self.is_candidate(key)
-            decisions.append(candidate and float(torch.rand((), generator=generator, dtype=torch.float64)) < self.prob)
+            prob = self.skip_probability(key)
+            decisions.append(prob > 0.0 and float(torch.rand((), generator=generator, dtype=torch.float64)) < prob)
         return decisions
 
     def observe(self, key: str, rewards: Iterable[float]) -> bool:
-        """Record one generated group of ``key`` (its G rewards); returns whether its rewards were all equal."""
-        rewards = [float(reward) for reward in rewards]
-        if not rewards:
-            raise ValueError(f"an observed group of prompt {key!r} has no rewards")
-        zero_variance = max(rewards) == min(rewards)
-        self.streaks[key] = min(self.streaks.get(key, 0) + 1, self.window) if zero_variance else 0
-        return zero_variance
+        """Record one observation of ``key`` (a group's or a pilot's rewards); returns whether they were all equal."""
+        flat = zero_variance(rewards)
+        self.streaks[key] = min(self.streak(key) + 1, MAX_STREAK) if flat else 0
+        return flat
 
-    def adapt(self, zero_variance_share: float) -> float:
-        """Move the skip probability by ``rate * (share - target)`` within [0, max_prob]; returns the new value."""
-        if not 0.0 <= zero_variance_share <= 1.0:
+    def adapt(self, zero_variance_share: Optional[float], candidates_drawn: int) -> float:
+        """Move the base by ``-rate * (share - target)`` within [BASE_MIN, BASE_MAX] after a batch that drew at
+        least one candidate; unchanged otherwise (no windup) or without observations (``share`` None)."""
+        if zero_variance_share is not None and not 0.0 <= zero_variance_share <= 1.0:
             raise ValueError(f"zero_variance_share must be in [0, 1], got {zero_variance_share!r}")
-        self.prob = min(max(self.prob + self.rate * (zero_variance_share - self.target), 0.0), self.max_prob)
-        return self.prob
+        if candidates_drawn > 0 and zero_variance_share is not None:
+            moved = self.base - self.rate * (zero_variance_share - self.target)
+            self.base = min(max(moved, BASE_MIN), BASE_MAX)
+        return self.base
 
     def state_dict(self) -> Dict:
-        """What a checkpoint keeps: the skip probability and every prompt's history."""
-        return {"prob": self.prob, "streaks": dict(self.streaks)}
+        """What a checkpoint keeps: the base and every prompt's streak."""
+        return {"base": self.base, "streaks": dict(self.streaks)}
 
     def load_state_dict(self, state: Dict) -> None:
-        self.prob = min(max(float(state["prob"]), 0.0), self.max_prob)
-        self.streaks = {key: min(int(streak), self.window) for key, streak in state["streaks"].items()}
+        self.base = min(max(float(state["base"]), BASE_MIN), BASE_MAX)
+        self.streaks = {key: min(int(streak), MAX_STREAK) for key, streak in state["streaks"].items()}

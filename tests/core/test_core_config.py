@@ -97,14 +97,19 @@ BAD_VALUES = [
     ("chunked_logits", "no", "bool"),
     ("dry_run", "yes", "bool"),
     ("prompt_skip", "always", "one of off, history"),
-    ("skip_window", 0, "int >= 1"),
-    ("skip_window", 1.5, "int >= 1"),
+    ("skip_base", 0.99, r"in \[0.05, 0.95\]"),
+    ("skip_base", float("nan"), r"in \[0.05, 0.95\]"),
+    ("skip_floor", 0.001, r"in \[0.01, 1\) \(the exploration floor\)"),
+    ("skip_floor", 1.0, r"in \[0.01, 1\)"),
     ("skip_target", 1.0, r"in \[0, 1\)"),
     ("skip_target", float("nan"), r"in \[0, 1\)"),
-    ("skip_max_prob", 1.0, r"in \[0, 1\)"),
-    ("skip_init_prob", -0.5, r"in \[0, 0.9\] \(max_prob\)"),
     ("skip_rate", 0.0, "> 0"),
     ("skip_rate", True, "> 0"),
+    ("pilot_rollouts", 1, "0 \\(off\\) or an int >= 2"),
+    ("pilot_rollouts", -2, "0 \\(off\\) or an int >= 2"),
+    ("pilot_rollouts", 2.0, "0 \\(off\\) or an int >= 2"),
+    ("pilot_audit", 1.5, r"in \[0, 1\]"),
+    ("pilot_audit", 0.5, "needs --d3s.pilot_rollouts"),
 ]
 
 

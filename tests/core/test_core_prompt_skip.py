@@ -1,4 +1,7 @@
-"""The prompt-skip policy alone (``core.prompt_skip``): history, candidates, adaptation, the floor, determinism."""
+"""The prompt-skip policy alone (``core.prompt_skip``): streaks, the per-prompt probability, the floor, the
+base's adaptation without windup, determinism, state."""
+
+import math
 
 import pytest
 import torch
@@ -6,109 +9,127 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from d3s_openrlhf.core.config import D3SConfig
-from d3s_openrlhf.core.prompt_skip import PromptSkipPolicy
+from d3s_openrlhf.core.prompt_skip import BASE_MAX, BASE_MIN, MAX_STREAK, MIN_FLOOR, PromptSkipPolicy, zero_variance
 from d3s_openrlhf.core.selection import step_generator
 
 
-def test_history_makes_candidates_after_window_zero_variance_groups_in_a_row():
-    policy = PromptSkipPolicy(window=2)
-    assert not policy.is_candidate("a")  # never generated: always generated
-    assert policy.observe("a", [1.0, 1.0, 1.0]) is True
-    assert not policy.is_candidate("a")  # one of two
-    assert policy.observe("a", [0.0, 0.0]) is True  # all wrong counts as all right does: no signal either way
-    assert policy.is_candidate("a")
-    assert policy.observe("a", [1.0, 1.0]) and policy.streaks["a"] == 2  # capped at the window
-    assert policy.observe("b", [0.0, 1.0]) is False and not policy.is_candidate("b")
+def test_streaks_count_zero_variance_observations_in_a_row():
+    policy = PromptSkipPolicy()
+    assert not policy.is_candidate("a") and policy.skip_probability("a") == 0.0  # never seen: always generated
+    assert policy.observe("a", [1.0, 1.0, 1.0]) is True and policy.streak("a") == 1
+    assert policy.observe("a", [0.0, 0.0]) is True and policy.streak("a") == 2  # all wrong is no signal either
+    assert policy.observe("a", [0.0, 1.0]) is False and policy.streak("a") == 0  # variance resets the record
+    assert not policy.is_candidate("a")
+
+
+@pytest.mark.parametrize("base, floor", [(0.5, 0.01), (0.9, 0.05), (0.05, 0.3)])
+def test_the_probability_is_the_streak_rule_with_its_floor(base, floor):
+    policy = PromptSkipPolicy(base=base, floor=floor)
+    for streak in range(1, 12):
+        policy.observe("a", [1.0, 1.0])
+        assert policy.skip_probability("a") == pytest.approx(1.0 - max(base**streak, floor))
+        assert policy.skip_probability("a") <= 1.0 - floor
 
 
 def test_a_prompt_that_becomes_informative_again_comes_back():
-    policy = PromptSkipPolicy(window=1, prob=0.9, max_prob=0.9)
-    policy.observe("a", [1.0, 1.0])
-    # the floor: at p = 0.9 the candidate is generated about one visit in ten, never never
-    decisions = [policy.skips(["a"], step_generator(0, step))[0] for step in range(400)]
-    assert 0 < decisions.count(False) < 80
+    policy = PromptSkipPolicy(base=0.05, floor=0.05)
+    for _ in range(10):
+        policy.observe("a", [1.0, 1.0])
+    # the floor: generated about one visit in twenty, never never
+    decisions = [policy.skips(["a"], step_generator(0, step))[0] for step in range(1000)]
+    assert 20 < decisions.count(False) < 90
     policy.observe("a", [1.0, 0.0])  # the visit that generated it found variance: no longer a candidate
-    assert not policy.is_candidate("a") and policy.skips(["a"] * 50, step_generator(0, 0)) == [False] * 50
+    assert policy.skips(["a"] * 50, step_generator(0, 0)) == [False] * 50
 
 
 def test_only_candidates_draw_and_decisions_follow_the_seed():
-    policy = PromptSkipPolicy(prob=0.5)
+    policy = PromptSkipPolicy(base=0.5)
     for key in "ace":
         policy.observe(key, [0.0, 0.0])
     keys = list("abcdef")
     first = policy.skips(keys, step_generator(7, 3))
     assert first == policy.skips(keys, step_generator(7, 3))  # same (seed, step), same choices
     assert not any(first[i] for i in (1, 3, 5))  # b, d, f were never seen with zero variance
-    generator = step_generator(7, 3)
-    draws = torch.rand(3, generator=generator, dtype=torch.float64)  # one draw per candidate, in order
+    draws = torch.rand(3, generator=step_generator(7, 3), dtype=torch.float64)  # one draw per candidate, in order
     assert [first[i] for i in (0, 2, 4)] == [bool(d < 0.5) for d in draws]
     across = {tuple(policy.skips(keys, step_generator(seed, 3))) for seed in range(16)}
     assert len(across) > 1  # the seed matters
 
 
-def test_adaptation_steers_towards_the_target_and_never_reaches_one():
-    policy = PromptSkipPolicy(target=0.25, rate=0.1, prob=0.5, max_prob=0.9)
-    assert policy.adapt(0.75) == pytest.approx(0.55)  # more wasted groups than the target: skip more
-    assert policy.adapt(0.0) == pytest.approx(0.525)  # fewer: explore more
-    for _ in range(100):
-        policy.adapt(1.0)
-    assert policy.prob == 0.9  # the ceiling: a candidate is generated at least one visit in ten
-    for _ in range(100):
-        policy.adapt(0.0)
-    assert policy.prob == 0.0
+def test_the_base_adapts_only_after_a_batch_with_candidates():
+    policy = PromptSkipPolicy(base=0.5, target=0.25, rate=0.1)
+    # no candidate drawn (the first pass): skipping could not change the share, so nothing winds up
+    for _ in range(50):
+        assert policy.adapt(0.0, candidates_drawn=0) == 0.5
+        assert policy.adapt(1.0, candidates_drawn=0) == 0.5
+    assert policy.adapt(0.75, candidates_drawn=3) == pytest.approx(0.45)  # more waste than the target: skip more
+    assert policy.adapt(0.0, candidates_drawn=1) == pytest.approx(0.475)  # less: explore more
+    assert policy.adapt(None, candidates_drawn=4) == pytest.approx(0.475)  # nothing observed
     with pytest.raises(ValueError, match="zero_variance_share"):
-        policy.adapt(1.5)
+        policy.adapt(1.5, candidates_drawn=1)
 
 
 @settings(max_examples=200, deadline=None)
-@given(shares=st.lists(st.floats(0.0, 1.0), max_size=50), max_prob=st.floats(0.0, 0.99), rate=st.floats(0.001, 1.0))
-def test_the_probability_stays_in_its_bounds(shares, max_prob, rate):
-    policy = PromptSkipPolicy(max_prob=max_prob, rate=rate, prob=max_prob / 2)
-    for share in shares:
-        assert 0.0 <= policy.adapt(share) <= max_prob < 1.0
+@given(
+    shares=st.lists(st.tuples(st.floats(0.0, 1.0), st.integers(0, 3)), max_size=60),
+    base=st.floats(BASE_MIN, BASE_MAX),
+    floor=st.floats(MIN_FLOOR, 0.99),
+    rate=st.floats(0.001, 1.0),
+    streak=st.integers(1, 300),
+)
+def test_every_probability_keeps_the_floor(shares, base, floor, rate, streak):
+    policy = PromptSkipPolicy(base=base, floor=floor, rate=rate)
+    for _ in range(streak):
+        policy.observe("a", [1.0, 1.0])
+    for share, candidates in shares:
+        assert BASE_MIN <= policy.adapt(share, candidates) <= BASE_MAX
+        assert 0.0 < policy.skip_probability("a") <= 1.0 - floor + 1e-12
+    assert policy.streak("a") == min(streak, MAX_STREAK)
+    assert BASE_MAX**MAX_STREAK < MIN_FLOOR  # the cap changes no probability
+
+
+def test_zero_variance_refuses_empty_and_non_finite_rewards():
+    assert zero_variance([0.5, 0.5]) and not zero_variance([0.5, 0.25])
+    with pytest.raises(ValueError, match="no rewards"):
+        zero_variance([])
+    with pytest.raises(ValueError, match="non-finite"):
+        zero_variance([1.0, math.nan])
 
 
 def test_state_round_trip_resumes_the_same_decisions():
-    policy = PromptSkipPolicy(window=2, prob=0.6)
-    for key, rewards in (("a", [0, 0]), ("a", [0, 0]), ("b", [1, 1]), ("b", [1, 1]), ("c", [0, 1])):
+    policy = PromptSkipPolicy(base=0.6)
+    for key, rewards in (("a", [0, 0]), ("a", [0, 0]), ("b", [1, 1]), ("c", [0, 1])):
         policy.observe(key, rewards)
-    policy.adapt(0.9)
-    restored = PromptSkipPolicy(window=2)
+    policy.adapt(0.9, candidates_drawn=2)
+    restored = PromptSkipPolicy()
     restored.load_state_dict(policy.state_dict())
     keys = list("abcab")
-    assert restored.prob == policy.prob and restored.streaks == policy.streaks
+    assert restored.base == policy.base and restored.streaks == policy.streaks
     assert restored.skips(keys, step_generator(1, 9)) == policy.skips(keys, step_generator(1, 9))
 
 
-@pytest.mark.parametrize(
-    "fields, match",
-    [
-        (dict(window=0), "window"),
-        (dict(target=1.0), "target"),
-        (dict(max_prob=1.0), "max_prob"),
-        (dict(rate=0.0), "rate"),
-    ],
-)
-def test_bad_parameters(fields, match):
-    with pytest.raises(ValueError, match=match):
-        PromptSkipPolicy(**fields)
-    with pytest.raises(ValueError, match="no rewards"):
-        PromptSkipPolicy().observe("a", [])
+def test_bad_parameters_are_reported_together_with_their_requirements():
+    problems = PromptSkipPolicy.problems(base=1.0, floor=0.0, target=1.0, rate=0.0)
+    assert [parameter for parameter, _, _ in problems] == ["base", "floor", "target", "rate"]
+    with pytest.raises(ValueError, match="floor must be a number in \\[0.01, 1\\)"):
+        PromptSkipPolicy(floor=0.001)
 
 
 def test_the_config_builds_the_policy_and_refuses_bad_flags():
-    config = D3SConfig.from_flags({"preset": "grpo", "prompt_skip": "history", "skip_window": 2, "skip_rate": 0.2})
-    assert config.enabled and config.skip_enabled and not config.samples_enabled and not config.tokens_enabled
+    flags = {"preset": "grpo", "prompt_skip": "history", "schedule_steps": 10, "skip_base": 0.7, "skip_rate": 0.2}
+    config = D3SConfig.from_flags(flags)
+    assert config.enabled and config.skip_enabled and config.generation_enabled and not config.samples_enabled
     policy = config.skip_policy()
-    assert (policy.window, policy.rate, policy.prob, policy.max_prob) == (2, 0.2, 0.5, 0.9)
-    for flags, named in (
-        ({"skip_max_prob": 1.0}, "--d3s.skip_max_prob"),
-        ({"skip_target": -0.1}, "--d3s.skip_target"),
-        ({"skip_window": 0}, "--d3s.skip_window"),
-        ({"skip_rate": 0}, "--d3s.skip_rate"),
-        ({"skip_init_prob": 0.95}, "--d3s.skip_init_prob"),
-        ({"prompt_skip": "always"}, "--d3s.prompt_skip"),
-    ):
-        with pytest.raises(ValueError, match=named):
-            D3SConfig.from_flags({"prompt_skip": "history", **flags})
+    assert (policy.base, policy.rate, policy.floor, policy.target) == (0.7, 0.2, 0.01, 0.25)
+    with pytest.raises(ValueError) as refused:  # every bad option at once
+        D3SConfig.from_flags({**flags, "skip_floor": 0.0, "skip_target": -0.1, "skip_base": 2.0})
+    for named in ("--d3s.skip_floor", "--d3s.skip_target", "--d3s.skip_base"):
+        assert named in str(refused.value)
     assert not D3SConfig().skip_enabled
+
+
+@pytest.mark.parametrize("flags", [{"prompt_skip": "history"}, {"pilot_rollouts": 4}])
+def test_skipping_or_screening_requires_the_fixed_steps(flags):
+    with pytest.raises(ValueError, match=r"--d3s.schedule_steps=0: must be > 0 with .*cycling over the prompts"):
+        D3SConfig.from_flags({"preset": "d3s", **flags})
+    assert D3SConfig.from_flags({"preset": "grpo", "schedule_steps": 5, **flags}).generation_enabled
