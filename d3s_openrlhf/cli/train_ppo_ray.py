@@ -50,7 +50,7 @@ def resolve(argv: Sequence[str]):
     return config, host_argv, host_args, host.validate_against_host(config, host_args)
 
 
-def format_plan(config: D3SConfig, plan: Optional[D3SPlan], points: int = 4) -> str:
+def format_plan(config: D3SConfig, plan: Optional[D3SPlan], host_args=None, points: int = 4) -> str:
     """The dry-run report: resolved config, then (N, K) and kept rollouts at evenly spaced schedule points."""
     lines = ["D3S configuration (resolved):"]
     lines += [f"  --d3s.{name} {value}" for name, value in config.to_dict().items()]
@@ -79,8 +79,24 @@ def format_plan(config: D3SConfig, plan: Optional[D3SPlan], points: int = 4) -> 
         else:
             sample_text = f"all {plan.total} rollouts"
         lines.append(f"  {label}:  {sample_text}  K = {k:.4f}")
+    if config.generation_enabled:
+        lines.append(fixed_steps_line(config, host_args))
     lines += [f"note: {note}" for note in plan.notes]
     return "\n".join(lines)
+
+
+def fixed_steps_line(config: D3SConfig, host_args) -> str:
+    """The dry run's word on the fixed steps of skipping or screening: S, and the passes over the data it takes."""
+    draws = config.schedule_steps * host_args.rollout.batch_size
+    text = (
+        f"fixed steps: the run trains --d3s.schedule_steps {config.schedule_steps} steps of "
+        f"{host_args.rollout.batch_size} prompts ({draws} prompts trained), cycling over the prompts"
+    )
+    prompts = host.local_prompt_count(host_args)
+    if prompts is None:
+        return text + "; passes over the data = that / the dataset's size, more as prompts are skipped or screened"
+    passes = host.expected_passes(host_args, config, prompts)
+    return text + f": {passes:.2f} passes over {prompts} prompts at the least, more as prompts are skipped or screened"
 
 
 # ── running upstream ──
@@ -147,7 +163,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
     if config.dry_run:
-        print(format_plan(config, plan))
+        print(format_plan(config, plan, host_args))
         if lora:
             print("LoRA (--ds.lora.rank > 0): the policy's weight sync sends the merged LoRA layers to vLLM")
         return

@@ -26,6 +26,7 @@ import contextlib
 import functools
 import io
 import math
+import os
 import runpy
 import sys
 from dataclasses import dataclass, field
@@ -261,22 +262,48 @@ def kept_rollout_count(n: int, num_prompts: int, group_size: int, unit: int) -> 
 
 def steps_unknown_in_advance(args, config: D3SConfig) -> Optional[str]:
     """The flag that makes the run's number of steps unknown before it runs (steps consume a varying number of
-    prompts), or None: ``--algo.dynamic_filtering_enable`` replaces filtered prompts, ``--d3s.prompt_skip``
-    skipped ones."""
-    if args.algo.dynamic_filtering_enable:
+    prompts), or None: ``--algo.dynamic_filtering_enable`` replaces filtered prompts. With skipping or screening on
+    the run trains exactly ``--d3s.schedule_steps`` steps instead (:func:`fixed_steps`)."""
+    if args.algo.dynamic_filtering_enable and not config.generation_enabled:
         return "--algo.dynamic_filtering_enable"
-    if config.skip_enabled:
-        return f"--d3s.prompt_skip {config.prompt_skip}"
     return None
 
 
-def rollout_steps(num_prompts: int, args) -> int:
-    """Rollout (= training) steps of a run over ``num_prompts`` prompts: one per rollout batch, every episode.
+def fixed_steps(config: D3SConfig) -> Optional[int]:
+    """The run's exact number of training steps when D3S decides which prompts are generated (skipping or
+    screening: ``--d3s.schedule_steps``, the prompts cycled as often as it takes), else None (upstream's passes)."""
+    return config.schedule_steps if config.generation_enabled else None
 
-    Exact unless ``steps_unknown_in_advance``: filtered or skipped prompts make steps consume more prompts, so
-    the run has fewer steps than this (set ``--d3s.schedule_steps`` then).
+
+def rollout_steps(num_prompts: int, args) -> int:
+    """Rollout (= training) steps of a run over ``num_prompts`` prompts: one per rollout batch, every episode; the
+    fixed number with skipping or screening.
+
+    Exact unless ``steps_unknown_in_advance``: filtered prompts make steps consume more prompts, so the run has
+    fewer steps than this (set ``--d3s.schedule_steps`` then).
     """
+    config = config_from_args(args)
+    fixed = fixed_steps(config) if config is not None else None
+    if fixed is not None:
+        return fixed
     return max(1, math.ceil(num_prompts / args.rollout.batch_size) * args.train.num_episodes)
+
+
+def expected_passes(args, config: D3SConfig, num_prompts: int) -> float:
+    """Passes over ``num_prompts`` prompts that the fixed steps take at the least (no prompt skipped or screened
+    out): S x B / prompts."""
+    return config.schedule_steps * args.rollout.batch_size / max(num_prompts, 1)
+
+
+def local_prompt_count(args) -> Optional[int]:
+    """The number of training prompts when ``--data.prompt_dataset`` is one local JSON-lines file (capped by
+    ``--data.max_samples``), else None (a hub dataset or a mixture: known only once loaded)."""
+    path = args.data.prompt_dataset
+    if not (isinstance(path, str) and "," not in path and os.path.isfile(path) and path.endswith(".jsonl")):
+        return None
+    with open(path, "rb") as f:
+        count = sum(1 for line in f if line.strip())
+    return min(count, args.data.max_samples)
 
 
 def scaled_max_steps(args, cfg: D3SConfig, max_steps: int, run_steps: int) -> int:
@@ -289,16 +316,20 @@ def scaled_max_steps(args, cfg: D3SConfig, max_steps: int, run_steps: int) -> in
 
     with kept(s) the experience maker's count at (N, K) = the schedule at step s. Capped at upstream's
     ``max_steps`` (which counts all B*G rollouts of every step, partial last batches by their size); unchanged
-    with ``max_steps`` <= 0, and without sample selection unless the run's steps are unknown (below).
+    with ``max_steps`` <= 0, and without sample selection unless the run's steps are set otherwise (below).
 
-    With dynamic filtering or prompt skipping the run's number of steps is unknown in advance (filtered or skipped
-    prompts are replaced, so steps consume more prompts than ``rollout.batch_size``): R is then
-    ``--d3s.schedule_steps`` when set (required by the CLI for a moving schedule), so the LR schedule spans the
-    same steps as (N, K).
+    With skipping or screening the run trains exactly R = ``--d3s.schedule_steps`` full batches, cycling over the
+    prompts, so the horizon is the formula's, uncapped (upstream's count assumes its passes). With dynamic
+    filtering alone the run's number of steps is unknown in advance (filtered prompts are replaced, so steps
+    consume more prompts than ``rollout.batch_size``): R is then ``--d3s.schedule_steps`` when set (required by the
+    CLI for a moving schedule), so the LR schedule spans the same steps as (N, K).
     """
     if max_steps <= 0:
         return max_steps
-    if steps_unknown_in_advance(args, cfg) and cfg.schedule_steps > 0:
+    fixed = fixed_steps(cfg)
+    if fixed is not None:
+        run_steps = fixed
+    elif steps_unknown_in_advance(args, cfg) and cfg.schedule_steps > 0:
         run_steps = cfg.schedule_steps
     elif not cfg.samples_enabled:
         return max_steps
@@ -309,7 +340,8 @@ def scaled_max_steps(args, cfg: D3SConfig, max_steps: int, run_steps: int) -> in
         kept_total = sum(kept_rollout_count(schedule.at(step)[0], batch, group, unit) for step in range(run_steps))
     else:
         kept_total = run_steps * batch * group
-    return min(max_steps, args.train.max_epochs * kept_total // args.train.batch_size)
+    horizon = args.train.max_epochs * kept_total // args.train.batch_size
+    return horizon if fixed is not None else min(max_steps, horizon)
 
 
 # ── the loss ──
@@ -396,17 +428,23 @@ def _host_problems(config: D3SConfig, host_args) -> List[str]:
             f"{config.n_final}, K {config.k_init} -> {config.k_final}); set --d3s.schedule_steps to the number of "
             "training steps the schedule (and the LR horizon) should span, or use --d3s.schedule constant"
         )
-    if config.skip_enabled and reward_model_used(host_args):
+    levels = f"--d3s.prompt_skip {config.prompt_skip} / --d3s.pilot_rollouts {config.pilot_rollouts}"
+    if config.generation_enabled and reward_model_used(host_args):
         problems.append(
-            f"--d3s.prompt_skip {config.prompt_skip} learns from the rewards of each prompt's group as it is "
-            "generated, but these flags score rollouts with a reward model after generation; give rewards at "
-            "generation time (--reward.remote_url or --train.agent_func_path), or --d3s.prompt_skip off"
+            f"{levels} decide from the rewards of each prompt's rollouts as they are generated, but these flags score "
+            "rollouts with a reward model after generation; give rewards at generation time (--reward.remote_url "
+            "or --train.agent_func_path), or turn prompt skipping and screening off"
         )
-    if config.skip_enabled and host_args.rollout.n_samples_per_prompt < 2:
+    group_size = host_args.rollout.n_samples_per_prompt
+    if config.skip_enabled and group_size < 2:
         problems.append(
             f"--d3s.prompt_skip {config.prompt_skip} skips prompts whose groups had no reward variance, which needs "
-            "at least 2 rollouts per prompt; --rollout.n_samples_per_prompt is "
-            f"{host_args.rollout.n_samples_per_prompt}"
+            f"at least 2 rollouts per prompt; --rollout.n_samples_per_prompt is {group_size}"
+        )
+    if config.screening_enabled and config.pilot_rollouts >= group_size:
+        problems.append(
+            f"--d3s.pilot_rollouts {config.pilot_rollouts} must be below --rollout.n_samples_per_prompt {group_size}: "
+            "the pilot is the first part of each prompt's group; lower the pilot or raise the group size"
         )
     if not config.samples_enabled:
         return problems

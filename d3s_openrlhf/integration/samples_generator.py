@@ -1,98 +1,188 @@
-"""Prompt skipping before generation (``--d3s.prompt_skip history``) inside OpenRLHF's ``SamplesGenerator``.
+"""The generation level inside OpenRLHF's ``SamplesGenerator``: prompt skipping, screening by pilots, fixed steps.
 
 ``D3SSamplesGenerator`` replaces upstream's generator in the sync trainer and in the async generator actor. Its
-training batches (``_generate_vllm`` on the prompt dataloader's iterator; evaluation is untouched) draw prompts
-through :class:`SkippingPrompts`, which asks the policy (``core.prompt_skip``) about each prompt and hands
-upstream the next prompt it keeps: upstream's own loop then fills the batch to B prompts, and its dynamic-filtering
-replacements are drawn the same way. Every generated group, a filtered one too, is reported to the policy as its
-responses are turned into experiences, and the skip probability adapts once per batch.
+training batches (``_generate_vllm`` on the prompt dataloader's iterator; evaluation is untouched) draw prompts from
+a :class:`PromptStream`:
 
-Accounting: a skipped prompt is consumed from the dataloader (the epoch ends sooner) and counted in the batch's
-``prompts_consumed`` once, as a filtered prompt is; a generated prompt is counted by upstream. When the epoch's
-prompts run out mid-batch, the epoch's skipped prompts fill the batch (``d3s/refilled_prompts``), so skipping never
-leaves a short last batch that upstream would not train (it takes no step on fewer rollouts than
-``--train.batch_size``). Prompts that :class:`SkippingPrompts` has read from the dataloader but not yet handed on
-(the rest of a dataloader batch) are kept, not dropped, and travel with the checkpoint.
+* **Fixed steps.** With skipping or screening on (``D3SConfig.generation_enabled``) the stream cycles over the
+  dataloader's passes without end, so every batch holds B prompts; the generator serves exactly
+  ``--d3s.schedule_steps`` S training batches and then reports the data exhausted, which ends upstream's loops
+  (sync and async) after S steps whatever ``--train.num_episodes`` says.
+* **Skipping** (``--d3s.prompt_skip history``): the stream asks the policy (``core.prompt_skip``) about each prompt
+  and hands on the next one it keeps; upstream's loop, or the screened one, fills the batch.
+* **Screening** (``--d3s.pilot_rollouts k``): :meth:`D3SSamplesGenerator._generate_screened` dispatches pilots of k
+  rollouts ahead (``core.screening``), screens out the prompts whose pilot rewards are all equal, and generates the
+  other G - k rollouts of the rest. A pilot that passes after its batch is full joins the next batch, one policy
+  update old (as every rollout of async mode is; the actor recomputes the log-probs).
+* **Dynamic filtering** (``--algo.dynamic_filtering_enable``) with screening: the pilot screens out zero-variance
+  groups, then upstream's range applies to the full group, and a group dropped by either draws one replacement
+  prompt. Without screening, upstream's loop filters and draws its replacements from the stream. Either way a prompt
+  is counted once in the prompts consumed, whether it was generated, screened, filtered or skipped.
 
-Checkpoints: the policy's state rides in the prompt dataloader's state dict (key ``d3s_prompt_skip``), which both
-trainers already save with every checkpoint and restore on resume (``DataloaderWithSkipState``), so a resumed run
-skips as the uninterrupted one would. The same entry carries the batch's metrics to the trainer that logs them, in
-the sync and the async mode alike: ``d3s/skipped_prompts``, ``d3s/refilled_prompts``, ``d3s/skip_prob`` (the
-probability the batch was drawn with), ``d3s/skip_candidates`` and ``d3s/generated_tokens`` (response tokens
-generated, filtered groups included). A draw that yields no sample (the rest of an epoch all skipped or filtered)
-trains no step; its counts are added to the next step's, so only the skips after the run's last step go unlogged.
+Every pilot and every generated group is an observation of its prompt's history (the skip policy's streaks).
+
+State: the prompt dataloader's state dict carries a small entry (key ``d3s_generation``: the batch and step
+counters, the stream's passes and its few prompts read but not yet dispatched, the acceptance estimate and the
+batch's metrics), which both trainers already save with every checkpoint and restore on resume
+(``DataloaderWithGenerationState``); in async mode it rides the rollout queue with every batch, so it must stay
+small. The history, which grows with the dataset, stays in the generator: it is written to
+``<--ckpt.path>/d3s_history/step<S>.pt`` at the steps upstream checkpoints, and read back on resume.
+
+Metrics of a step (logged by the trainer that receives the batch, sync or async): ``d3s/generated_tokens`` (response
+tokens generated, pilots and filtered groups included), and with the levels on ``d3s/skipped_prompts``,
+``d3s/skip_candidates``, ``d3s/skip_base``, ``d3s/screened_prompts``, ``d3s/pilots``, ``d3s/pilot_acceptance``,
+``d3s/carried_pilots``, ``d3s/passes`` and, with ``--d3s.pilot_audit``, ``d3s/audited_prompts`` and
+``d3s/false_rejects``. A step served from upstream's sample buffer without generating logs zeros.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections import defaultdict
-from typing import Dict, List, Optional, Tuple
+import math
+import os
+from collections import defaultdict, deque
+from typing import Deque, Dict, List, Optional, Tuple
 
+import ray
+import torch
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
+from tqdm import tqdm
 
+from d3s_openrlhf.core.screening import AcceptanceEstimate, pilot_room, pilots_to_dispatch
 from d3s_openrlhf.core.selection import step_generator
-from d3s_openrlhf.integration.host import config_from_args
+from d3s_openrlhf.integration.host import config_from_args, fixed_steps
 
-STATE_KEY = "d3s_prompt_skip"
-"""Key of the skip policy's state (and the last batch's metrics) in the prompt dataloader's state dict."""
+STATE_KEY = "d3s_generation"
+"""Key of the generator's small state (and the last batch's metrics) in the prompt dataloader's state dict."""
+
+HISTORY_DIR = "d3s_history"
+"""Folder under ``--ckpt.path`` of the history snapshots."""
+
+Item = Tuple  # (datasource, prompt, label, image): one prompt as the dataloader yields it
+
+STALL_PASSES = 4
+"""A batch that has generated this many passes over the data beyond its B prompts without filling up is stuck (every
+pilot flat, every group outside the filter's range): the stream cycles without end, so it stops the run instead."""
 
 
-def prompt_key(prompt: str, label) -> str:
-    """A prompt's identity across epochs and shuffles: a digest of its text and label."""
-    return hashlib.blake2b(f"{prompt}\0{label}".encode(), digest_size=8).hexdigest()
+def _image_digest(image) -> bytes:
+    """Stable bytes of a prompt's image(s): a path or URL as text, raw bytes, a PIL image's pixels."""
+    if image is None:
+        return b""
+    if isinstance(image, (list, tuple)):
+        return b"\1".join(_image_digest(part) for part in image)
+    if isinstance(image, bytes):
+        return image
+    if isinstance(image, str):
+        return image.encode()
+    if hasattr(image, "tobytes"):
+        return f"{getattr(image, 'size', '')}{getattr(image, 'mode', '')}".encode() + image.tobytes()
+    return repr(image).encode()
 
 
-class SkippingPrompts:
-    """The prompt dataloader's iterator, one prompt per item (upstream's batch tuple of size 1), without the prompts
-    the policy skips. ``pending`` holds the rest of the dataloader batch last read and ``skipped_items`` the epoch's
-    skipped prompts (which fill a batch the epoch's end would leave short), as (datasource, prompt, label, image)
-    tuples."""
+def prompt_key(prompt: str, label, image=None) -> str:
+    """A prompt's identity across passes and shuffles: a digest of its text, label and image (vision datasets
+    repeat one text and label over many images)."""
+    digest = hashlib.blake2b(f"{prompt}\0{label}\0".encode(), digest_size=8)
+    digest.update(_image_digest(image))
+    return digest.hexdigest()
 
-    def __init__(self, source, policy, pending: Optional[List[Tuple]] = None, skipped: Optional[List[Tuple]] = None):
+
+def _item_key(item: Item) -> str:
+    return prompt_key(item[1], item[2], item[3])
+
+
+def _response_tokens(response) -> int:
+    """Response tokens of one rollout (its action spans), whether or not it becomes an experience."""
+    return sum(end - start for start, end in response["action_ranges"])
+
+
+def _reward(response, config) -> float:
+    reward = response.get("reward")
+    if reward is None:
+        raise RuntimeError(
+            f"no reward for a rollout of prompt {response.get('prompt', '')[:200]!r}: the reward function (a "
+            "--reward.remote_url server or file, or the agent) returned none, as upstream does when a remote reward "
+            "call fails (see its log); prompt skipping and screening (--d3s.prompt_skip "
+            f"{config.prompt_skip}, --d3s.pilot_rollouts {config.pilot_rollouts}) need the reward of every rollout"
+        )
+    reward = float(reward.item() if isinstance(reward, torch.Tensor) else reward)
+    if not math.isfinite(reward):
+        raise RuntimeError(f"a non-finite reward {reward} for prompt {response.get('prompt', '')[:200]!r}")
+    return reward
+
+
+class PromptStream:
+    """Training prompts one at a time from the prompt dataloader, without those the skip policy skips, cycling over
+    passes without end (fixed steps). Iterating yields upstream's batch tuple of size 1, so upstream's loop can
+    draw from it; :meth:`next_item` yields the item itself.
+
+    Args:
+        source: the iterator of the current pass (upstream's, which a resumed dataloader continues).
+        dataloader: the prompt dataloader, iterated again for each further pass.
+        policy: the skip policy, or None (no skipping).
+        pending: items read but not yet handed on (the rest of a dataloader batch, prompts of a checkpoint).
+    """
+
+    def __init__(self, source, dataloader, policy=None, pending=(), passes: int = 0):
         self.source = source
+        self.dataloader = dataloader
         self.policy = policy
-        self.pending: List[Tuple] = list(pending or [])
+        self.pending: Deque[Item] = deque(tuple(item) for item in pending)
+        self.passes = passes  # passes started after the first
         self.generator = None  # the draws of the batch being drawn (``start_batch``)
-        self.skipped_items: List[Tuple] = list(skipped or [])  # the epoch's skipped prompts, in order
-        self.yielded = self.skipped = self.refilled = self.candidates = 0  # of the batch being drawn
+        self.limit = None  # prompts the batch may hand on before it counts as stuck
+        self.drawn = self.skipped = self.candidates = self.handed = 0  # of the batch being drawn
 
-    def start_batch(self, generator) -> None:
+    def start_batch(self, generator: torch.Generator, num_prompts: int) -> None:
         self.generator = generator
-        self.yielded = self.skipped = self.refilled = self.candidates = 0
+        dataset = getattr(self.dataloader, "dataset", None)
+        self.limit = num_prompts + STALL_PASSES * (len(dataset) if dataset is not None else len(self.dataloader))
+        self.drawn = self.skipped = self.candidates = self.handed = 0
+
+    def _read(self) -> Item:
+        while not self.pending:
+            try:
+                self.pending.extend(zip(*next(self.source)))
+            except StopIteration:
+                if len(self.dataloader) == 0:
+                    raise
+                self.source = iter(self.dataloader)  # the next pass: the run ends by steps, not by data
+                self.passes += 1
+        return self.pending.popleft()
+
+    def next_item(self) -> Item:
+        while True:
+            item = self._read()
+            self.drawn += 1
+            if self.policy is not None:
+                key = _item_key(item)
+                self.candidates += self.policy.is_candidate(key)
+                if self.policy.skips([key], self.generator)[0]:
+                    self.skipped += 1
+                    continue
+            self.handed += 1
+            if self.limit is not None and self.handed > self.limit:
+                raise RuntimeError(
+                    f"one batch has generated {self.handed - 1} prompts, {STALL_PASSES} passes over the data beyond "
+                    "its own size, without filling up: every pilot had equal rewards or every group fell outside "
+                    "--algo.dynamic_filtering_range, so the run would cycle over the prompts for ever. Check the "
+                    "reward function (does it ever give different rewards to one prompt?), widen the range, or turn "
+                    "--d3s.pilot_rollouts / dynamic filtering off"
+                )
+            return item
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        while True:
-            if not self.pending:
-                try:
-                    self.pending = list(zip(*next(self.source)))
-                except StopIteration:
-                    # the epoch ran out mid-batch: its skipped prompts fill the batch before it ends short
-                    # (upstream trains no step on fewer rollouts than --train.batch_size: they would be lost)
-                    if not (self.yielded and self.skipped_items):
-                        raise
-                    self.refilled += 1
-                    return self._as_batch(self.skipped_items.pop())
-            item = self.pending.pop(0)
-            key = prompt_key(item[1], item[2])
-            self.candidates += self.policy.is_candidate(key)
-            if self.policy.skips([key], self.generator)[0]:
-                self.skipped += 1
-                self.skipped_items.append(item)
-                continue
-            return self._as_batch(item)
-
-    def _as_batch(self, item):
-        self.yielded += 1
-        datasource, prompt, label, image = item
+        datasource, prompt, label, image = self.next_item()
         return [datasource], [prompt], [label], [image]
 
 
-class DataloaderWithSkipState:
-    """The prompt dataloader, whose state dict also holds the skip policy's state (and the last batch's metrics)."""
+class DataloaderWithGenerationState:
+    """The prompt dataloader, whose state dict also holds the generator's small state (and the last batch's
+    metrics)."""
 
     def __init__(self, dataloader, owner: "D3SSamplesGenerator"):
         self.dataloader = dataloader
@@ -108,96 +198,265 @@ class DataloaderWithSkipState:
         return getattr(self.dataloader, name)
 
     def state_dict(self):
-        return {**self.dataloader.state_dict(), STATE_KEY: self.owner.skip_state()}
+        return {**self.dataloader.state_dict(), STATE_KEY: self.owner.generation_state()}
 
     def load_state_dict(self, state):
         state = dict(state)
-        skip = state.pop(STATE_KEY, None)
+        generation = state.pop(STATE_KEY, None)
         self.dataloader.load_state_dict(state)
-        if skip is not None:
-            self.owner.load_skip_state(skip)
+        if generation is not None:
+            self.owner.load_generation_state(generation)
 
 
 class D3SSamplesGenerator(SamplesGenerator):
-    """``SamplesGenerator`` that skips prompts before generation (see the module docstring); upstream's, unchanged,
-    with ``--d3s.prompt_skip off``."""
+    """``SamplesGenerator`` with the generation level (see the module docstring); upstream's loop, unchanged, when
+    neither skipping nor screening is on (it then only counts the generated tokens)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.d3s = config_from_args(self.args)
-        self.policy = self.d3s.skip_policy()
-        if self.d3s.skip_enabled:
-            self.prompts_dataloader = DataloaderWithSkipState(self.prompts_dataloader, self)
-        self.batches = 0  # training batches drawn: with the seed, the key of each batch's random draws
-        self._skipping: Optional[SkippingPrompts] = None
-        self._restored: Tuple[List, List] = ([], [])  # (pending, skipped) prompts of a checkpoint
+        self.policy = self.d3s.skip_policy() if self.d3s.skip_enabled else None
+        self.acceptance = AcceptanceEstimate()
+        self.prompts_dataloader = DataloaderWithGenerationState(self.prompts_dataloader, self)
+        self.batches = 0  # training batches generated: with the seed, the key of each batch's random draws
+        self.steps_served = 0  # training batches handed to the trainer (fixed steps)
+        self.stream: Optional[PromptStream] = None
+        self._restored: Dict = {"pending": [], "passes": 0}  # the stream's part of a checkpoint
+        self._carried: List[Tuple[Item, List[Dict]]] = []  # accepted pilots of a full batch, for the next one
         self._groups: Optional[Dict[str, List[float]]] = None  # the rewards of each group, while a batch is drawn
-        self._generated_tokens = 0
+        self._counts: Dict[str, float] = defaultdict(float)  # the step's counts
         self._unlogged: Dict[str, float] = {}
         self.last_metrics: Dict[str, float] = {}
 
     # ── the training batch ──
 
-    def _generate_vllm(self, dataloader_iter, num_prompts: int, dynamic_filtering, **generate_kwargs):
-        training = dataloader_iter is getattr(self, "_dataloader_iter", None)  # not the evaluation's
-        if not (self.d3s.skip_enabled and training):
-            return super()._generate_vllm(dataloader_iter, num_prompts, dynamic_filtering, **generate_kwargs)
-        if self._skipping is None or self._skipping.source is not dataloader_iter:  # a new epoch's iterator
-            self._skipping = SkippingPrompts(dataloader_iter, self.policy, *self._restored)
-            self._restored = ([], [])
-        self._skipping.start_batch(step_generator(self.d3s.seed, self.batches))
-        self._groups, self._generated_tokens = defaultdict(list), 0
-        prob = self.policy.prob
-        try:
-            experiences, consumed, exhausted = super()._generate_vllm(
-                self._skipping, num_prompts, dynamic_filtering, **generate_kwargs
-            )
-        finally:
-            self.batches += 1
-            groups, self._groups = self._groups, None
-        zero_variance = [self.policy.observe(key, rewards) for key, rewards in sorted(groups.items())]
-        if zero_variance:
-            self.policy.adapt(sum(zero_variance) / len(zero_variance))
-        counts = {
-            "d3s/skipped_prompts": float(self._skipping.skipped),
-            "d3s/refilled_prompts": float(self._skipping.refilled),
-            "d3s/skip_candidates": float(self._skipping.candidates),
-            "d3s/generated_tokens": float(self._generated_tokens),
-        }
-        # a batch without samples (the epoch's last prompts all skipped or filtered) trains no step and logs
-        # nothing: its counts go to the next batch that does
+    def generate_samples(self, **generate_kwargs):
+        fixed = fixed_steps(self.d3s)
+        if fixed is not None and self.steps_served >= fixed:
+            return [], None, 0, True
+        # the step's counts, every one logged (zeros for a step served from upstream's sample buffer)
+        self._counts = defaultdict(float, dict.fromkeys(self._metric_names(), 0.0))
+        samples, pass_rate, consumed, exhausted = super().generate_samples(**generate_kwargs)
+        generated_prompts = consumed - self._counts.get("d3s/skipped_prompts", 0.0)
+        if pass_rate is not None and generated_prompts > 0:  # upstream's rate, over the prompts generated
+            pass_rate = pass_rate * consumed / generated_prompts
+        counts = dict(self._counts)
+        # a call without samples trains no step and logs nothing: its counts go to the next step that does
         for key, value in self._unlogged.items():
-            counts[key] += value
-        self._unlogged = {} if experiences else counts
-        self.last_metrics = {**counts, "d3s/skip_prob": prob}
-        # each prompt consumed once: a refilled prompt was counted when it was skipped
-        return experiences, consumed + self._skipping.skipped - self._skipping.refilled, exhausted
+            counts[key] = counts.get(key, 0.0) + value
+        self._unlogged = {} if samples else counts
+        self.last_metrics = counts
+        if self.policy is not None:
+            self.last_metrics["d3s/skip_base"] = self.policy.base
+        if counts.get("d3s/pilots"):  # (none in a step filled by the pilots carried from the last one)
+            self.last_metrics["d3s/pilot_acceptance"] = 1.0 - counts["d3s/screened_prompts"] / counts["d3s/pilots"]
+        if fixed is None:
+            return samples, pass_rate, consumed, exhausted
+        if samples:
+            self.steps_served += 1
+            self._save_history()
+        self.last_metrics["d3s/passes"] = float(self.stream.passes + 1 if self.stream is not None else 1)
+        return samples, pass_rate, consumed, self.steps_served >= fixed
+
+    def _metric_names(self) -> List[str]:
+        names = ["d3s/generated_tokens"]
+        if self.d3s.skip_enabled:
+            names += ["d3s/skipped_prompts", "d3s/skip_candidates"]
+        if self.d3s.screening_enabled:
+            names += ["d3s/pilots", "d3s/screened_prompts", "d3s/carried_pilots"]
+            if self.args.algo.dynamic_filtering_enable:
+                names.append("d3s/filtered_prompts")
+            if self.d3s.pilot_audit:
+                names += ["d3s/audited_prompts", "d3s/false_rejects"]
+        return names
+
+    def _generate_vllm(self, dataloader_iter, num_prompts: int, dynamic_filtering, **generate_kwargs):
+        if dataloader_iter is not getattr(self, "_dataloader_iter", None):  # the evaluation's
+            return super()._generate_vllm(dataloader_iter, num_prompts, dynamic_filtering, **generate_kwargs)
+        self._groups = defaultdict(list)  # a training batch: its tokens are counted, its groups observed
+        try:
+            if not self.d3s.generation_enabled:
+                return super()._generate_vllm(dataloader_iter, num_prompts, dynamic_filtering, **generate_kwargs)
+            if self.stream is None:  # upstream's first-pass iterator (a resumed dataloader continues where it was)
+                self.stream = PromptStream(dataloader_iter, self.prompts_dataloader, self.policy, **self._restored)
+            self.stream.start_batch(step_generator(self.d3s.seed, self.batches), num_prompts)
+            if self.d3s.screening_enabled:
+                experiences = self._generate_screened(num_prompts, dynamic_filtering, **generate_kwargs)
+            else:
+                upstream = super()._generate_vllm
+                experiences, _, _ = upstream(self.stream, num_prompts, dynamic_filtering, **generate_kwargs)
+            self.batches += 1
+            self._observe_batch(self._groups)
+            # each prompt consumed once, whether generated, screened, filtered or skipped (a carried pilot was
+            # counted in the batch that drew it)
+            return experiences, self.stream.drawn, False
+        finally:
+            self._groups = None
+
+    def _observe_batch(self, groups: Dict[str, List[float]]) -> None:
+        """Record the batch's generated groups (pilots were recorded as they returned), adapt the skip policy and
+        count the batch's draws."""
+        if self.policy is None:
+            return
+        self._counts["d3s/skipped_prompts"] += self.stream.skipped
+        self._counts["d3s/skip_candidates"] += self.stream.candidates
+        flat = [self.policy.observe(key, rewards) for key, rewards in sorted(groups.items())]
+        observed = len(flat) + self._counts["d3s/pilots"]
+        if observed:
+            share = (sum(flat) + self._counts["d3s/screened_prompts"]) / observed
+            self.policy.adapt(share, candidates_drawn=self.stream.candidates)
+
+    def _generate_screened(self, num_prompts: int, dynamic_filtering, **generate_kwargs) -> List:
+        """One batch of ``num_prompts`` groups that passed their pilot (and upstream's filter, if on)."""
+        group_size = generate_kwargs.get("n_samples_per_prompt", self.args.rollout.n_samples_per_prompt)
+        pilot_size = self.d3s.pilot_rollouts
+        pilots: Dict = {}  # ref -> item
+        rests: Dict = {}  # ref -> (item, pilot responses, audited: completed only to measure a false reject)
+        accepted: List = []
+        started = 0  # groups whose rest is dispatched or done, less those dropped by the filter
+        pilots_done = screened = 0
+        pbar = tqdm(total=num_prompts, desc="Generate samples (screened)")
+
+        def start_rest(item, pilot_responses, audited=False):
+            _, prompt, label, image = item
+            kwargs = {**generate_kwargs, "n_samples_per_prompt": group_size - pilot_size}
+            (ref,) = self._dispatch_prompts_to_vllm([prompt], [label], images=[image], **kwargs)
+            rests[ref] = (item, pilot_responses, audited)
+
+        def top_up():
+            nonlocal started
+            while self._carried and started < num_prompts:
+                start_rest(*self._carried.pop(0))
+                started += 1
+            acceptance = self.acceptance.with_batch(pilots_done - screened, pilots_done)
+            room = pilot_room(num_prompts - started, num_prompts, len(self._carried))
+            new = pilots_to_dispatch(num_prompts - started, len(pilots), acceptance, room)
+            items = [self.stream.next_item() for _ in range(new)]
+            if items:
+                _, prompts, labels, images = zip(*items)
+                kwargs = {**generate_kwargs, "n_samples_per_prompt": pilot_size}
+                refs = self._dispatch_prompts_to_vllm(list(prompts), list(labels), images=list(images), **kwargs)
+                pilots.update(zip(refs, items))
+
+        top_up()
+        while pilots or rests:
+            ready, _ = ray.wait([*pilots, *rests], num_returns=1, timeout=10.0)
+            for ref in ready:
+                responses = ray.get(ref)
+                self._counts["d3s/generated_tokens"] += sum(_response_tokens(r) for r in responses)
+                if ref in pilots:
+                    item = pilots.pop(ref)
+                    pilots_done += 1
+                    rewards = [_reward(response, self.d3s) for response in responses]
+                    self._observe_pilot(item, rewards)
+                    if max(rewards) == min(rewards):
+                        screened += 1
+                        if self.d3s.pilot_audit and self._audit_draw() < self.d3s.pilot_audit:
+                            start_rest(item, responses, audited=True)
+                    elif started < num_prompts:
+                        start_rest(item, responses)
+                        started += 1
+                    else:
+                        self._carried.append((item, responses))
+                    continue
+                item, pilot_responses, audited = rests.pop(ref)
+                group = [*pilot_responses, *responses]
+                if audited:
+                    self._counts["d3s/audited_prompts"] += 1
+                    rewards = [_reward(response, self.d3s) for response in group]
+                    self._counts["d3s/false_rejects"] += max(rewards) != min(rewards)
+                    continue
+                experiences = [self._process_response_into_experience(r, **generate_kwargs) for r in group]
+                if dynamic_filtering and not self._passes_filter(experiences):
+                    started -= 1
+                    self._counts["d3s/filtered_prompts"] += 1
+                else:
+                    accepted.extend(experiences)
+                    pbar.update()
+            top_up()
+            pbar.set_postfix(screened=screened, skipped=self.stream.skipped, pilots=pilots_done)
+        pbar.close()
+        self.acceptance.update(pilots_done - screened, pilots_done)
+        self._counts["d3s/pilots"] += pilots_done
+        self._counts["d3s/screened_prompts"] += screened
+        self._counts["d3s/carried_pilots"] += len(self._carried)
+        return accepted
+
+    def _audit_draw(self) -> float:
+        return float(torch.rand((), generator=self.stream.generator, dtype=torch.float64))
+
+    def _observe_pilot(self, item: Item, rewards: List[float]) -> None:
+        if self.policy is not None:
+            self.policy.observe(_item_key(item), rewards)
+
+    def _passes_filter(self, experiences) -> bool:
+        """Upstream's dynamic-filtering rule on a full group: its mean score strictly inside the range."""
+        scores = [experience.scores[0].item() for experience in experiences if experience.scores is not None]
+        if len(scores) < len(experiences):
+            return True  # upstream filters only groups whose every rollout has a score
+        low, high = self.args.algo.dynamic_filtering_range
+        return low < sum(scores) / len(scores) < high
 
     def _process_response_into_experience(self, response, **generate_kwargs):
         experience = super()._process_response_into_experience(response, **generate_kwargs)
-        if self._groups is not None:  # a training batch (its filtered groups too), not an evaluation
-            self._groups[prompt_key(response["prompt"], response["label"])].append(float(response["reward"]))
-            self._generated_tokens += int(experience.action_mask.sum())
+        # a training batch; screening counts its tokens and observes its pilots as their refs return
+        if self._groups is not None and not self.d3s.screening_enabled:
+            self._counts["d3s/generated_tokens"] += _response_tokens(response)
+            if self.policy is not None:
+                key = prompt_key(response["prompt"], response["label"], response.get("images"))
+                self._groups[key].append(_reward(response, self.d3s))
         return experience
 
     # ── checkpoints ──
 
-    def skip_state(self) -> Dict:
-        pending, skipped = (
-            (self._skipping.pending, self._skipping.skipped_items) if self._skipping is not None else self._restored
-        )
+    def generation_state(self) -> Dict:
+        """The small state that rides in the dataloader's state dict (bounded by a batch, not the dataset)."""
+        stream = self.stream
+        carried = [item for item, _ in self._carried]  # a resume pilots them again
+        pending = [*carried, *(stream.pending if stream is not None else self._restored["pending"])]
         return {
-            "policy": self.policy.state_dict(),
             "batches": self.batches,
-            "pending": list(pending),
-            "skipped": list(skipped),
+            "steps_served": self.steps_served,
+            "passes": stream.passes if stream is not None else self._restored["passes"],
+            "pending": [list(item) for item in pending],
+            "acceptance": self.acceptance.state_dict(),
             "unlogged": dict(self._unlogged),
             "metrics": dict(self.last_metrics),
         }
 
-    def load_skip_state(self, state: Dict) -> None:
-        self.policy.load_state_dict(state["policy"])
+    def load_generation_state(self, state: Dict) -> None:
         self.batches = int(state["batches"])
+        self.steps_served = int(state["steps_served"])
+        self.acceptance.load_state_dict(state["acceptance"])
         self._unlogged = dict(state["unlogged"])
-        self._restored = ([tuple(item) for item in state["pending"]], [tuple(item) for item in state["skipped"]])
-        self._skipping = None
+        self._restored = {"pending": [tuple(item) for item in state["pending"]], "passes": int(state["passes"])}
+        self._carried = []
+        self.stream = None
+        if self.policy is not None and self.steps_served:
+            path = self._history_path(self.steps_served)
+            if not os.path.isfile(path):
+                raise FileNotFoundError(
+                    f"the prompt history of step {self.steps_served} ({path}) is missing: it is written beside the "
+                    "checkpoint that --ckpt.load_enable resumes; restore it, or resume from a checkpoint that has one"
+                )
+            self.policy.load_state_dict(torch.load(path, weights_only=True))
+
+    def _history_path(self, step: int) -> str:
+        return os.path.join(self.args.ckpt.path, HISTORY_DIR, f"step{step}.pt")
+
+    def _save_history(self) -> None:
+        """Write the history at the steps upstream checkpoints (the generator may run ahead of the trainer in async
+        mode, so snapshots are kept for the checkpoints upstream keeps, plus the queue's)."""
+        save_steps = self.args.ckpt.save_steps
+        if self.policy is None or save_steps in (None, -1, float("inf")) or self.steps_served % save_steps:
+            return
+        folder = os.path.dirname(self._history_path(0))
+        os.makedirs(folder, exist_ok=True)
+        path = self._history_path(self.steps_served)
+        torch.save(self.policy.state_dict(), path + ".tmp")
+        os.replace(path + ".tmp", path)
+        keep = max(1, self.args.ckpt.max_num) + max(1, getattr(self.args.train, "async_queue_size", 1)) + 1
+        names = [name for name in os.listdir(folder) if name.startswith("step") and name.endswith(".pt")]
+        steps = sorted(int(name[len("step") : -len(".pt")]) for name in names)
+        for step in steps[:-keep]:
+            os.remove(self._history_path(step))

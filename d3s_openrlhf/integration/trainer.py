@@ -37,7 +37,7 @@ from openrlhf.trainer.ppo_trainer_async import (
 
 from d3s_openrlhf.integration.experience_maker import D3SExperienceMaker
 from d3s_openrlhf.integration.host import config_from_args, rollout_steps, scaled_max_steps
-from d3s_openrlhf.integration.samples_generator import STATE_KEY as SKIP_STATE_KEY
+from d3s_openrlhf.integration.samples_generator import STATE_KEY as GENERATION_STATE_KEY
 from d3s_openrlhf.integration.samples_generator import D3SSamplesGenerator
 from d3s_openrlhf.integration.seams import swapped_globals
 
@@ -103,9 +103,9 @@ class D3STrainerMixin:
 
     def save_logs_and_checkpoints(self, global_step, logs_dict=None, client_states=None):
         # the generator's metrics of this batch travel in the dataloader state it was drawn with (sync and async)
-        skip = (client_states or {}).get("data_loader_state_dict", {}).get(SKIP_STATE_KEY)
-        if skip is not None and logs_dict is not None:
-            logs_dict.update(skip["metrics"])
+        generation = (client_states or {}).get("data_loader_state_dict", {}).get(GENERATION_STATE_KEY)
+        if generation is not None and logs_dict is not None:
+            logs_dict.update(generation["metrics"])
         return super().save_logs_and_checkpoints(global_step, logs_dict, client_states)
 
     def _compute_rollout_stats(self, experiences) -> Dict:
@@ -126,7 +126,7 @@ class _D3SPPOTrainer(D3STrainerMixin, PPOTrainer.__ray_actor_class__):
     def __init__(self, *args, **kwargs):
         with swapped_globals(PPOTrainer.__ray_actor_class__.__init__, SamplesGenerator=D3SSamplesGenerator):
             super().__init__(*args, **kwargs)
-        # checkpoints save and restore the generator's dataloader, whose state carries the prompt-skip state
+        # checkpoints save and restore the generator's dataloader, whose state carries the generation level's
         self.prompts_dataloader = self.samples_generator.prompts_dataloader
         self.set_d3s_rollout_steps(rollout_steps(len(self.prompts_dataloader), self.args))
 

@@ -335,6 +335,21 @@ def test_dry_run_with_schedule_steps(capsys):
     assert "step     50:  N =  12  kept rollouts     96 / 128" in out
 
 
+@pytest.mark.parametrize("level", [["--d3s.pilot_rollouts", "4"], ["--d3s.prompt_skip", "history"]])
+def test_dry_run_prints_the_fixed_steps_and_the_passes_they_take(level, tmp_path, capsys):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join('{"input": "q%d", "label": "a"}\n' % i for i in range(100)))
+    flags = ["--d3s.preset", "grpo", "--d3s.schedule_steps", "50", *level, "--reward.remote_url", "r.py"]
+    cli.main([*flags, "--d3s.dry_run", *HOST, "--data.prompt_dataset", str(prompts)])
+    out = capsys.readouterr().out
+    batch = HOST[HOST.index("--rollout.batch_size") + 1]
+    passes = 50 * int(batch) / 100
+    assert f"the run trains --d3s.schedule_steps 50 steps of {batch} prompts" in out
+    assert f"{passes:.2f} passes over 100 prompts at the least" in out
+    cli.main([*flags, "--d3s.dry_run", *HOST, "--data.prompt_dataset", "some/hub-dataset"])
+    assert "passes over the data = that / the dataset's size" in capsys.readouterr().out
+
+
 def test_dry_run_with_d3s_off(upstream_runs, capsys):
     cli.main(["--d3s.dry_run", *HOST])
     out = capsys.readouterr().out

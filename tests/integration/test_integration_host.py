@@ -241,7 +241,7 @@ SKIP_HOST += ["--rollout.n_samples_per_prompt", "8", "--train.batch_size", "16",
 
 
 def skip_problems(*flags, **d3s):
-    config = D3SConfig.from_flags({"preset": "grpo", "prompt_skip": "history", **d3s})
+    config = D3SConfig.from_flags({"preset": "grpo", "prompt_skip": "history", "schedule_steps": 20, **d3s})
     try:
         host.validate_against_host(config, host.parse_host_args([*SKIP_HOST, *flags]))
     except host.D3SValidationError as error:
@@ -249,21 +249,43 @@ def skip_problems(*flags, **d3s):
     return ""
 
 
-def test_prompt_skip_is_refused_where_it_cannot_learn_before_ray():
-    assert skip_problems("--reward.remote_url", "r.py") == ""
-    assert skip_problems("--train.agent_func_path", "agent.py") == ""
-    assert "give rewards at generation time" in skip_problems("--reward.model_name_or_path", "rm")
+@pytest.mark.parametrize("level", [{}, {"prompt_skip": "off", "pilot_rollouts": 2}])
+def test_the_generation_level_is_refused_where_it_cannot_learn_before_ray(level):
+    assert skip_problems("--reward.remote_url", "r.py", **level) == ""
+    assert skip_problems("--train.agent_func_path", "agent.py", **level) == ""
+    assert "give rewards at generation time" in skip_problems("--reward.model_name_or_path", "rm", **level)
+
+
+def test_skipping_needs_groups_and_a_pilot_must_be_part_of_its_group():
     one = skip_problems("--reward.remote_url", "r.py", "--rollout.n_samples_per_prompt", "1")
     assert "--rollout.n_samples_per_prompt is 1" in one
+    group = host.parse_host_args(SKIP_HOST).rollout.n_samples_per_prompt
+    pilot = skip_problems("--reward.remote_url", "r.py", pilot_rollouts=group)
+    assert f"--d3s.pilot_rollouts {group} must be below --rollout.n_samples_per_prompt {group}" in pilot
+    assert skip_problems("--reward.remote_url", "r.py", pilot_rollouts=group - 1) == ""
 
 
-def test_prompt_skip_with_a_moving_schedule_needs_schedule_steps():
-    moving = dict(preset="d3s", n_init=2, n_final=8)
-    assert "set --d3s.schedule_steps" in skip_problems("--reward.remote_url", "r.py", **moving)
-    assert skip_problems("--reward.remote_url", "r.py", schedule_steps=50, **moving) == ""
-    config = D3SConfig.from_flags({"prompt_skip": "history", "schedule_steps": 3, **moving})
+@pytest.mark.parametrize("preset", ["grpo", "pods", "d3s"])
+@pytest.mark.parametrize("level", [{"prompt_skip": "history"}, {"pilot_rollouts": 2}])
+def test_skipping_or_screening_trains_the_fixed_steps_and_the_lr_horizon_follows(preset, level):
+    moving = dict(n_init=2, n_final=8) if preset == "d3s" else {}
+    config = D3SConfig.from_flags({"preset": preset, "schedule_steps": 30, **moving, **level})
     args = horizon_args()
-    args.algo.dynamic_filtering_enable = False
-    assert host.steps_unknown_in_advance(args, config) == "--d3s.prompt_skip history"
-    kept = [-(-config.schedule_for(3).at(step)[0] * 4 // 8) * 8 for step in range(3)]
-    assert scaled_max_steps(args, config, 1000, 10) == 2 * sum(kept) // 8  # the LR horizon spans schedule_steps
+    args.d3s = host.config_namespace(config)
+    for filtering in (False, True):
+        args.algo.dynamic_filtering_enable = filtering
+        assert host.steps_unknown_in_advance(args, config) is None  # the steps are the fixed ones
+        assert host.rollout_steps(12, args) == 30  # whatever the data and the episodes
+    schedule = config.schedule_for(30)
+    unit = host.kept_count_unit(args)
+    kept = [host.kept_rollout_count(schedule.at(step)[0], 4, 8, unit) for step in range(30)]
+    if not config.samples_enabled:
+        kept = [4 * 8] * 30
+    # the LR horizon spans the 30 steps, beyond upstream's count of its passes (10) when the data cycles
+    assert scaled_max_steps(args, config, 10, 10) == 2 * sum(kept) // 8
+
+
+def test_dynamic_filtering_alone_with_a_moving_schedule_needs_schedule_steps():
+    config = D3SConfig.from_flags({"preset": "d3s", "n_init": 2, "n_final": 8})
+    args = horizon_args(algo__dynamic_filtering_enable=True)
+    assert host.steps_unknown_in_advance(args, config) == "--algo.dynamic_filtering_enable"

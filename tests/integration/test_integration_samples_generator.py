@@ -1,23 +1,27 @@
-"""Prompt skipping inside OpenRLHF's real ``SamplesGenerator`` (``integration.samples_generator``).
+"""The generation level inside OpenRLHF's real ``SamplesGenerator`` (``integration.samples_generator``): skipping,
+screening by pilots, fixed steps, state.
 
 Upstream's ``generate_samples`` / ``_generate_vllm`` run as shipped (Ray refs, ``ray.wait``, dynamic filtering,
-the epoch's exhaustion), over a stateful prompt dataloader like upstream's; only the vLLM call is replaced by refs
-to ready-made responses whose rewards depend on the prompt: "easy" prompts are always solved (every group has
-zero variance), the others get mixed rewards.
+the sample buffer), over a stateful prompt dataloader like upstream's; only the vLLM call is replaced by refs to
+ready-made responses whose rewards depend on the prompt: "easy" prompts are always solved (every group and pilot
+has zero variance), the others get alternating rewards (every pilot of 2 or more has variance).
 """
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import ray
+import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from d3s_openrlhf.core.config import D3SConfig
 from d3s_openrlhf.integration.host import config_namespace, parse_host_args
-from d3s_openrlhf.integration.samples_generator import STATE_KEY, D3SSamplesGenerator, prompt_key
+from d3s_openrlhf.integration.samples_generator import HISTORY_DIR, STATE_KEY, D3SSamplesGenerator, prompt_key
 
 PROMPTS = 24  # 12 easy, 12 mixed
-B, G = 4, 4
+B, G, K = 4, 5, 2  # the rest of a group (G - K = 3) is told from its pilot (K = 2) by its size
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -28,27 +32,28 @@ def local_ray():
 
 
 def easy(prompt):
-    return int(prompt[1:]) % 2 == 0
+    return not prompt[1:].isdigit() or int(prompt[1:]) % 2 == 0
 
 
 def collate(items):
     return tuple(list(column) for column in zip(*items))
 
 
-def dataloader(batch_size=B):
-    rows = [("src", f"p{i}", f"l{i}", None) for i in range(PROMPTS)]
+def dataloader(batch_size=1, prompts=PROMPTS, images=None):
+    rows = [("src", f"p{i}", f"l{i}", images[i] if images else None) for i in range(prompts)]
     return StatefulDataLoader(rows, batch_size=batch_size, shuffle=False, collate_fn=collate)
 
 
-def responses(prompt, label, n):
-    rewards = [1.0] * n if easy(prompt) else [float(i % 2) for i in range(n)]
+def responses(prompt, label, n, image=None, rewarded=True, flat=False):
+    rewards = [1.0] * n if flat or easy(prompt) else [float(i % 2) for i in range(n)]
     return [
         dict(
             prompt=prompt,
             label=label,
+            images=image,
             observation_tokens=[1, 2, 3, 4 + i],
             action_ranges=[(2, 4)],
-            reward=reward,
+            reward=reward if rewarded else None,  # upstream's None: a remote reward call that failed
             scores=reward,
             rollout_log_probs=None,
             extra_logs={},
@@ -60,115 +65,270 @@ def responses(prompt, label, n):
 class Generator(D3SSamplesGenerator):
     """The D3S generator with vLLM replaced by refs to ready responses; records what it dispatched."""
 
-    dispatched: list
+    dispatched: list  # (prompt, rollouts)
+    rewarded = True
+    flat = False  # every prompt solved
 
     def _dispatch_prompts_to_vllm(self, prompts, labels, *, images=None, **generate_kwargs):
-        self.dispatched.extend(prompts)
         n = generate_kwargs.get("n_samples_per_prompt", self.args.rollout.n_samples_per_prompt)
-        return [ray.put(responses(prompt, label, n)) for prompt, label in zip(prompts, labels)]
+        self.dispatched.extend((prompt, n) for prompt in prompts)
+        images = images or [None] * len(prompts)
+        return [
+            ray.put(responses(prompt, label, n, image, self.rewarded, self.flat))
+            for prompt, label, image in zip(prompts, labels, images)
+        ]
 
 
-def make(*flags, loader_batch=B, **d3s):
-    args = parse_host_args(["--rollout.batch_size", str(B), "--rollout.n_samples_per_prompt", str(G), *flags])
-    fields = {"preset": "grpo", "prompt_skip": "history", "skip_init_prob": 0.9, "skip_max_prob": 0.9, **d3s}
+def make(*flags, loader=None, ckpt=None, **d3s):
+    host = ["--rollout.batch_size", str(B), "--rollout.n_samples_per_prompt", str(G), *flags]
+    if ckpt is not None:
+        host += ["--ckpt.path", str(ckpt), "--ckpt.save_steps", "2"]
+    args = parse_host_args(host)
+    fields = {"preset": "grpo", "prompt_skip": "history", "schedule_steps": 12, "skip_base": 0.05, **d3s}
     args.d3s = config_namespace(D3SConfig.from_flags(fields))
     strategy = type("Strategy", (), {"args": args})()
-    generator = Generator(strategy, dataloader(loader_batch), dataloader(), tokenizer=None, vllm_engines=[])
+    generator = Generator(strategy, loader or dataloader(), dataloader(), tokenizer=None, vllm_engines=[])
     generator.dispatched = []
     return generator
 
 
-def epoch(generator):
-    """One pass over the prompts as upstream's trainer makes it: [(batch prompts, consumed, metrics)], a batch's
-    prompts in dataloader order (responses arrive in Ray's completion order)."""
-    batches = []
-    while True:
+def run(generator, steps=None):
+    """Steps as upstream's trainer takes them until the generator says it is done: [(the prompt of each group of the
+    batch, sorted, the set of group sizes, consumed, metrics)]. A group is G consecutive samples of one prompt, as
+    the experience maker reads them (a prompt may come twice in a batch once the passes cycle)."""
+    taken = []
+    while steps is None or len(taken) < steps:
         samples, _, consumed, exhausted = generator.generate_samples(max_len=64)
-        prompts = sorted((s.prompts[0] for s in samples[::G]), key=lambda prompt: int(prompt[1:]))
-        batches.append((prompts, consumed, dict(generator.last_metrics)))
+        if samples:
+            groups = [samples[i : i + G] for i in range(0, len(samples), G)]
+            assert all(len({sample.prompts[0] for sample in group}) == 1 for group in groups)
+            prompts = sorted((group[0].prompts[0] for group in groups), key=lambda prompt: (len(prompt), prompt))
+            sizes = {len(group) for group in groups} | {len(samples) % G or G}
+            taken.append((prompts, sizes, consumed, dict(generator.last_metrics)))
         if exhausted:
-            return batches
+            break
+    return taken
 
 
-def test_easy_prompts_are_skipped_after_the_first_epoch_and_their_slots_refilled():
+@pytest.mark.parametrize("screen", [0, K])
+def test_the_run_trains_exactly_the_fixed_steps_of_full_batches_cycling_over_the_prompts(screen):
+    generator = make(pilot_rollouts=screen, prompt_skip="off" if screen else "history")
+    steps = run(generator)
+    assert len(steps) == 12  # --d3s.schedule_steps, whatever the passes (12 x 4 = 48 draws of 24 prompts)
+    assert all(len(prompts) == B and groups == {G} for prompts, groups, _, _ in steps)  # full batches of full groups
+    assert generator.generate_samples(max_len=64) == ([], None, 0, True)  # and then done
+    assert steps[-1][3]["d3s/passes"] >= 2
+    assert all(metrics["d3s/generated_tokens"] > 0 for *_, metrics in steps)
+
+
+def test_easy_prompts_are_skipped_once_seen_and_every_draw_is_counted_once():
     generator = make()
-    first = epoch(generator)
-    assert sum(consumed for _, consumed, _ in first) == PROMPTS
-    assert all(metrics["d3s/skipped_prompts"] == 0 for _, _, metrics in first)  # no history yet
-    second = epoch(generator)
-    generated = [prompt for prompts, _, _ in second for prompt in prompts]
-    skipped = sum(metrics["d3s/skipped_prompts"] - metrics["d3s/refilled_prompts"] for _, _, metrics in second)
-    # nothing lost, nothing counted twice: every prompt of the epoch was either generated or skipped, once
-    assert len(generated) + skipped == sum(consumed for _, consumed, _ in second) == PROMPTS
-    assert len(set(generated)) == len(generated)
-    assert all(easy(prompt) for prompt in set(f"p{i}" for i in range(PROMPTS)) - set(generated))  # skipped: easy
-    assert skipped >= 6  # about 90% of the 12 easy ones, less those that fill the last batch
-    # every batch is full: skipped slots are refilled from the dataloader, and the last batch from the skipped
-    full = [prompts for prompts, _, _ in second if prompts]
-    assert all(len(prompts) == B for prompts in full) and len(generated) % B == 0
-    assert second[-2][2]["d3s/refilled_prompts"] > 0 or len(generated) == PROMPTS
-    assert second[0][2]["d3s/skip_candidates"] >= second[0][2]["d3s/skipped_prompts"] > 0
-    assert second[0][2]["d3s/generated_tokens"] == B * G * 2  # 2 response tokens per rollout
+    steps = run(generator)
+    first_pass = steps[: PROMPTS // B]
+    assert all(metrics["d3s/skipped_prompts"] == 0 for *_, metrics in first_pass[:1])  # no history yet
+    later = [prompt for prompts, *_ in steps[PROMPTS // B + 1 :] for prompt in prompts]
+    assert sum(map(easy, later)) <= 0.2 * len(later)  # candidates are skipped with 1 - 0.05^c, floor 1%
+    skipped = sum(metrics["d3s/skipped_prompts"] for *_, metrics in steps)
+    consumed = sum(consumed for _, _, consumed, _ in steps)
+    assert consumed == len(generator.dispatched) + skipped  # generated or skipped, once each
+    assert skipped > 0 and all(
+        metrics["d3s/skip_candidates"] >= metrics["d3s/skipped_prompts"] for *_, metrics in steps
+    )
 
 
-def test_the_skip_probability_adapts_and_stays_below_one():
-    generator = make(skip_init_prob=0.5, skip_max_prob=0.8, skip_rate=0.5, skip_target=0.0)
-    probs = [metrics["d3s/skip_prob"] for _ in range(3) for _, _, metrics in epoch(generator)]
-    assert probs[0] == 0.5 and max(probs) == 0.8  # half the groups have no variance: above the target of 0
-    assert generator.policy.prob == 0.8
+def test_pilots_screen_out_zero_variance_prompts_and_the_rest_completes_the_group():
+    generator = make(prompt_skip="off", pilot_rollouts=K)
+    steps = run(generator)
+    trained = [prompt for prompts, *_ in steps for prompt in prompts]
+    assert not any(map(easy, trained))  # a pilot with variance makes a group with variance: nothing flat trained
+    pilots = [prompt for prompt, n in generator.dispatched if n == K]
+    rests = [prompt for prompt, n in generator.dispatched if n == G - K]
+    assert set(rests) <= set(pilots) and all(not easy(prompt) for prompt in rests)
+    screened = sum(metrics["d3s/screened_prompts"] for *_, metrics in steps)
+    carried = steps[-1][3]["d3s/carried_pilots"]
+    assert screened == sum(map(easy, pilots))
+    # every prompt drawn once: as a trained group, a screened pilot, or a pilot carried past the last step
+    assert sum(consumed for _, _, consumed, _ in steps) == len(pilots) == len(trained) + screened + carried
+    assert steps[0][3]["d3s/pilot_acceptance"] == pytest.approx(0.5, abs=0.26)
+    # every rollout generated is counted once, pilots included, in the step that generated it
+    tokens = sum(metrics["d3s/generated_tokens"] for *_, metrics in steps)
+    assert tokens == 2 * sum(n for _, n in generator.dispatched)
 
 
-def test_evaluation_is_not_skipped_nor_recorded():
-    generator = make()
-    epoch(generator)
+def test_pilots_that_pass_after_the_batch_is_full_join_the_next_batch():
+    generator = make(prompt_skip="off", pilot_rollouts=K)
+    # half the pilots pass: pilots are provisioned for that, so some pass after their batch is full
+    steps = run(generator, steps=1)
+    while not generator._carried:
+        steps += run(generator, steps=1)
+    assert steps[-1][3]["d3s/pilots"] > B
+    carried = [item[1] for item, _ in generator._carried]
+    # their prompts travel with a checkpoint (a resume pilots them again) and lead the next batch
+    pending = [item[1] for item in generator.prompts_dataloader.state_dict()[STATE_KEY]["pending"]]
+    assert pending[: len(carried)] == carried
+    assert set(carried[:B]) <= set(run(generator, steps=1)[0][0])
+
+
+def test_the_audit_completes_screened_groups_without_training_them():
+    generator = make(prompt_skip="off", pilot_rollouts=K, pilot_audit=1.0, schedule_steps=3)
+    steps = run(generator)
+    audited = sum(metrics["d3s/audited_prompts"] for *_, metrics in steps)
+    screened = sum(metrics["d3s/screened_prompts"] for *_, metrics in steps)
+    assert audited == screened > 0  # every screened prompt completed (an easy one: its full group is flat too)
+    assert sum(metrics["d3s/false_rejects"] for *_, metrics in steps) == 0
+    assert not any(easy(prompt) for prompts, *_ in steps for prompt in prompts)  # audited groups never trained
+    rests = [prompt for prompt, n in generator.dispatched if n == G - K]
+    assert sum(map(easy, rests)) == audited
+
+
+def test_history_counts_pilots_and_a_skipped_prompt_costs_no_pilot():
+    generator = make(pilot_rollouts=K)
+    steps = run(generator)
+    pilots = [prompt for prompt, n in generator.dispatched if n == K]
+    easy_pilots = [prompt for prompt in pilots if easy(prompt)]
+    # after its first screened pilot an easy prompt is a candidate, skipped with 1 - 0.05^c: few pilots again
+    assert len(easy_pilots) <= 12 + 0.2 * (len(easy_pilots) + 12)
+    assert sum(metrics["d3s/skipped_prompts"] for *_, metrics in steps) > 0
+    assert all(generator.policy.streak(prompt_key(f"p{i}", f"l{i}")) >= 1 for i in range(0, PROMPTS, 2))
+
+
+def test_screening_with_dynamic_filtering_counts_each_prompt_once():
+    generator = make("--algo.dynamic_filtering_enable", "--algo.dynamic_filtering_range", "0.1", "0.9",
+                     prompt_skip="off", pilot_rollouts=K, schedule_steps=4)  # fmt: skip
+    steps = run(generator)
+    assert len(steps) == 4 and all(len(prompts) == B for prompts, *_ in steps)
+    pilots = [prompt for prompt, n in generator.dispatched if n == K]
+    screened = sum(metrics["d3s/screened_prompts"] for *_, metrics in steps)
+    trained = sum(len(prompts) for prompts, *_ in steps)
+    carried = steps[-1][3]["d3s/carried_pilots"]
+    assert sum(consumed for _, _, consumed, _ in steps) == len(pilots) == trained + screened + carried
+
+
+def test_a_group_dropped_by_dynamic_filtering_is_replaced_and_counted_once():
+    generator = make("--algo.dynamic_filtering_enable", prompt_skip="off", pilot_rollouts=K, schedule_steps=1)
+    verdicts = iter([False, False, False])  # upstream's range drops the first three full groups
+    generator._passes_filter = lambda experiences: next(verdicts, True)
+    ((prompts, _, consumed, metrics),) = run(generator)
+    assert metrics["d3s/filtered_prompts"] == 3 and len(prompts) == B
+    pilots = [prompt for prompt, n in generator.dispatched if n == K]
+    carried = metrics["d3s/carried_pilots"]
+    assert consumed == len(pilots) == B + 3 + metrics["d3s/screened_prompts"] + carried
+
+
+@pytest.mark.parametrize("low, high, passes", [(0.1, 0.9, True), (0.6, 0.99, False), (0.0, 0.4, False)])
+def test_the_filter_on_full_groups_is_upstreams_strict_range(low, high, passes):
+    generator = make("--algo.dynamic_filtering_enable", "--algo.dynamic_filtering_range", str(low), str(high),
+                     prompt_skip="off", pilot_rollouts=K)  # fmt: skip
+    group = [generator._process_response_into_experience(r, max_len=64) for r in responses("p1", "l1", G)]
+    assert generator._passes_filter(group) is passes  # mean 2 / 5
+
+
+@pytest.mark.parametrize(
+    "flags, d3s",
+    [
+        ((), dict(prompt_skip="off", pilot_rollouts=K)),  # every pilot flat
+        (("--algo.dynamic_filtering_enable", "--algo.dynamic_filtering_range", "0.9", "0.95"), {}),  # none in range
+    ],
+    ids=["screening", "filtering"],
+)
+def test_a_batch_that_can_never_fill_stops_the_run_instead_of_cycling(flags, d3s):
+    generator = make(*flags, **d3s)
+    generator.flat = True
+    with pytest.raises(RuntimeError, match="without filling up: every pilot had equal rewards"):
+        generator.generate_samples(max_len=64)
+
+
+def test_the_pass_rate_counts_the_prompts_generated_not_those_skipped():
+    generator = make("--algo.dynamic_filtering_enable", "--algo.dynamic_filtering_range", "0.1", "0.9")
+    rates = []
+    while True:
+        samples, rate, consumed, exhausted = generator.generate_samples(max_len=64)
+        skipped = generator.last_metrics["d3s/skipped_prompts"]
+        rates.append((rate, len(samples), consumed, skipped))
+        if exhausted:
+            break
+    for rate, samples, consumed, skipped in rates:
+        assert rate == pytest.approx(samples / (consumed - skipped) * 100)
+
+
+def test_steps_served_from_the_sample_buffer_log_no_second_copy_of_the_counts():
+    generator = make("--rollout.vllm_generate_batch_size", str(2 * B), prompt_skip="off", pilot_rollouts=K)
+    first, second = run(generator, steps=2)
+    assert first[3]["d3s/pilots"] > 0 and first[3]["d3s/generated_tokens"] > 0
+    assert second[3]["d3s/pilots"] == 0 and second[3]["d3s/generated_tokens"] == 0  # served from the buffer
+
+
+def test_the_state_that_travels_stays_small_and_the_history_is_checkpointed_beside(tmp_path):
+    small = make(ckpt=tmp_path / "a")
+    large = make(ckpt=tmp_path / "b", loader=dataloader(prompts=2000))
+    run(small, steps=6)
+    run(large, steps=6)
+    small_state, large_state = (g.prompts_dataloader.state_dict()[STATE_KEY] for g in (small, large))
+    assert set(small_state) == set(large_state)
+    assert len(repr(large_state)) < 2 * len(repr(small_state)) + 500  # no history, no list of skipped prompts
+    assert sorted(os.listdir(tmp_path / "a" / HISTORY_DIR)) == ["step2.pt", "step4.pt", "step6.pt"]
+
+
+def test_a_resumed_generator_draws_as_the_uninterrupted_one(tmp_path):
+    uninterrupted = make(ckpt=tmp_path)
+    run(uninterrupted, steps=4)
+    state = uninterrupted.prompts_dataloader.state_dict()
+    resumed = make(ckpt=tmp_path)
+    resumed.prompts_dataloader.load_state_dict(state)
+    assert resumed.policy.state_dict() == uninterrupted.policy.state_dict()
+    rest = run(uninterrupted)
+    assert [step[:3] for step in run(resumed)] == [step[:3] for step in rest]
+    assert len(rest) == 12 - 4
+
+
+def test_a_resume_without_its_history_is_refused_with_the_path(tmp_path):
+    generator = make(ckpt=tmp_path)
+    run(generator, steps=2)
+    state = generator.prompts_dataloader.state_dict()
+    os.remove(tmp_path / HISTORY_DIR / "step2.pt")
+    with pytest.raises(FileNotFoundError, match="prompt history of step 2 .*step2.pt"):
+        make(ckpt=tmp_path).prompts_dataloader.load_state_dict(state)
+
+
+@pytest.mark.parametrize("screen", [0, K])
+def test_a_missing_reward_is_a_clear_error(screen):
+    generator = make(pilot_rollouts=screen)
+    generator.rewarded = False
+    with pytest.raises(RuntimeError, match=r"no reward for a rollout of prompt 'p\d+'.*--reward.remote_url"):
+        generator.generate_samples(max_len=64)
+
+
+def test_evaluation_is_neither_screened_nor_skipped_nor_recorded():
+    generator = make(pilot_rollouts=K)
+    run(generator, steps=3)
     state = generator.policy.state_dict()
     generator.dispatched.clear()
-    generator.generate_eval_samples(max_len=64, n_samples_per_prompt=2)
-    assert sorted(generator.dispatched) == sorted(f"p{i}" for i in range(PROMPTS))
+    generator.generate_eval_samples(max_len=64, n_samples_per_prompt=3)
+    assert sorted(generator.dispatched) == sorted((f"p{i}", 3) for i in range(PROMPTS))
     assert generator.policy.state_dict() == state
 
 
-def test_a_resumed_generator_skips_as_the_uninterrupted_one():
-    uninterrupted = make(skip_init_prob=0.5, loader_batch=5)  # dataloader batches that do not match B
-    epoch(uninterrupted)
-    uninterrupted.generate_samples(max_len=64)  # mid-epoch: the rest of a dataloader batch is pending
-    state = uninterrupted.prompts_dataloader.state_dict()
-    assert STATE_KEY in state and state[STATE_KEY]["pending"]
-    resumed = make(skip_init_prob=0.5, loader_batch=5)
-    resumed.prompts_dataloader.load_state_dict(state)
-    resumed._dataloader_iter = iter(resumed.prompts_dataloader)  # what generate_samples does on a fresh start
-    resumed._sample_buffer = []
-    uninterrupted.dispatched.clear()
-    rest = [(prompts, consumed) for prompts, consumed, _ in epoch(uninterrupted)]
-    assert [(prompts, consumed) for prompts, consumed, _ in epoch(resumed)] == rest
-    assert resumed.policy.state_dict() == uninterrupted.policy.state_dict()
+def test_d3s_without_the_generation_level_is_upstreams_loop_and_counts_tokens():
+    generator = make(prompt_skip="off", schedule_steps=0, sample_rule="max_var", n_init=2, n_final=2)
+    steps = run(generator)
+    assert [prompts for prompts, *_ in steps] == [[f"p{i}" for i in range(j, j + B)] for j in range(0, PROMPTS, B)]
+    assert all(metrics["d3s/generated_tokens"] == B * G * 2 for *_, metrics in steps)
+    assert "d3s/skipped_prompts" not in steps[0][3] or steps[0][3]["d3s/skipped_prompts"] == 0
 
 
-def test_with_dynamic_filtering_no_prompt_is_counted_twice():
-    # filtering drops the easy groups after generating them; skipping drops them before
-    generator = make("--algo.dynamic_filtering_enable", "--algo.dynamic_filtering_range", "0.0", "0.99")
-    batches = epoch(generator) + epoch(generator)
-    second = batches[len(batches) // 2 :]
-    generated = [prompt for prompts, _, _ in batches for prompt in prompts]
-    assert all(not easy(prompt) for prompt in generated)  # the filter passed mixed groups only
-    skipped = sum(metrics["d3s/skipped_prompts"] for _, _, metrics in batches)
-    refilled = sum(metrics["d3s/refilled_prompts"] for _, _, metrics in batches)
-    assert skipped > 0
-    # consumed = generated or filtered (upstream) + skipped (ours) - refilled (counted when skipped), once each
-    assert sum(consumed for _, consumed, _ in batches) == 2 * PROMPTS
-    assert len(generator.dispatched) + skipped - refilled == 2 * PROMPTS
-    assert len(second) >= 1
-
-
-def test_skip_off_is_upstreams_generator():
-    generator = make(prompt_skip="off")
-    batches = epoch(generator)
-    assert [prompts for prompts, _, _ in batches if prompts] == [
-        [f"p{i}" for i in range(j, j + B)] for j in range(0, PROMPTS, B)
-    ]
-    assert STATE_KEY not in generator.prompts_dataloader.state_dict() and generator.last_metrics == {}
-    assert isinstance(generator.prompts_dataloader, StatefulDataLoader)
-
-
-def test_prompt_keys_are_stable_and_distinguish_labels():
+def test_prompt_keys_are_stable_and_distinguish_labels_and_images():
     assert prompt_key("p1", "l1") == prompt_key("p1", "l1") != prompt_key("p1", "l2")
+    assert prompt_key("p1", "l1", "a.png") != prompt_key("p1", "l1", "b.png")
+    assert prompt_key("p1", "l1", ["a.png"]) == prompt_key("p1", "l1", ["a.png"])
+    pixels = torch.zeros(2, 2, dtype=torch.uint8).numpy()
+    assert prompt_key("p1", "l1", pixels) != prompt_key("p1", "l1", pixels + 1)
+
+
+def test_two_equal_texts_with_other_images_are_two_prompts():
+    rows = [("src", "same", "label", f"img{i}.png") for i in range(8)]
+    loader = StatefulDataLoader(rows, batch_size=1, shuffle=False, collate_fn=collate)
+    generator = make(loader=loader, schedule_steps=2)
+    run(generator)
+    # one history entry per image, each a group of G rewards (one text would merge them into one group of 2G)
+    assert len(generator.policy.streaks) == 2 * B
+    assert all(streak == 1 for streak in generator.policy.streaks.values())
