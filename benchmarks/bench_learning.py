@@ -110,7 +110,9 @@ KEYS = (
     "d3s/entropy_all",
     "d3s/select_time_s",
     "d3s/skipped_prompts",
-    "d3s/skip_prob",
+    "d3s/skip_base",
+    "d3s/pilots",
+    "d3s/screened_prompts",
     "d3s/generated_tokens",
     "timing/generation",
     "timing/make_experience",
@@ -122,13 +124,14 @@ CHECKPOINT = re.compile(r"global_step(\d+)_hf$")
 
 
 def rl_config(prepared, part, method, seed, steps, eval_every, prompts=PROMPTS, fp32=True):
-    """The run's configuration; ``steps`` per pass over the prompts, ``SKIP_EPOCHS`` passes in the skip part (the
-    D3S schedule then spans the passes without skipping: --d3s.schedule_steps, which prompt skipping needs)."""
+    """The run's configuration; ``steps`` per pass over the prompts, ``SKIP_EPOCHS`` passes in the skip part, where
+    every arm trains the steps of those passes without skipping (--d3s.schedule_steps: the fixed steps that prompt
+    skipping needs, and the D3S schedule's horizon)."""
     group, flags = PARTS[part][method]
     epochs = SKIP_EPOCHS if part == "skip" else 1
     config = pipeline.demo_rl_config(pipeline.TaskConfig(), episodes=epochs, prepared=prepared)
     extra = list(flags)
-    if part == "skip" and method.startswith("D3S"):
+    if part == "skip":
         extra += ["--d3s.schedule_steps", steps * epochs]
     if eval_every:
         extra += ["--ckpt.save_steps", eval_every, "--ckpt.save_hf", "--ckpt.disable_ds"]

@@ -1,0 +1,151 @@
+"""The generation level (``--d3s.prompt_skip history``, ``--d3s.pilot_rollouts k``, fixed steps) in real
+``train_ppo_ray`` runs on the CPU runtime, over a toy task in which a known half of the prompts is always solved:
+the reward file gives every rollout of an "easy" prompt (operands with an even sum) reward 1 and scores the others
+by exact match, and logs each scored rollout so that the test can count what was generated, pilots included.
+
+Every mode of the issue's list runs once: sync (D3S + screening + history, several passes), async with dynamic
+filtering, dynamic batching on two ZeRO-3 ranks, a checkpoint resume, and a multi-turn agent; the reward always
+comes at generation time (``--reward.remote_url`` with a reward file, or the agent)."""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from d3s_openrlhf.testbed import pipeline
+
+pytestmark = pytest.mark.e2e
+
+PROMPTS, GROUP, PILOT, STEPS = 16, 8, 2, 10  # 10 steps of 4 prompts: 2.5 passes at the least
+BASE = pipeline.RLConfig(
+    prompts_per_step=4, samples_per_prompt=GROUP, steps=PROMPTS // 4, train_batch_size=8, micro_batch_size=8
+)
+# the entropy bonus keeps every optimizer window's gradient non-zero (upstream logs the last window's norm), also
+# one whose rollouts have no kept token or equal rewards
+ENTROPY = ["--actor.entropy_coef", "0.01"]
+D3S = ["--d3s.preset", "d3s", "--d3s.n_init", "4", "--d3s.n_final", "8", "--d3s.schedule_steps", str(STEPS), *ENTROPY]
+SCREEN = ["--d3s.pilot_rollouts", str(PILOT)]
+SKIP = ["--d3s.prompt_skip", "history"]
+TOY_AGENT = str(Path(pipeline.__file__).with_name("toy_agent.py"))
+
+REWARD = '''
+import re, torch
+
+def reward_func(queries, prompts, labels, **kwargs):
+    rewards = []
+    for query, prompt, label in zip(queries, prompts, labels):
+        a, b = map(int, re.search(r"(\\d+)\\+(\\d+)=", prompt).groups())
+        response = query[query.find(prompt) + len(prompt):].split("</s>", 1)[0]
+        easy = (a + b) % 2 == 0
+        rewards.append(1.0 if easy else {mixed})
+        with open({log!r}, "a") as log:
+            log.write(f"{{int(easy)}} {{prompt}}\\n")
+    rewards = torch.tensor(rewards)
+    return {{"rewards": rewards, "scores": rewards, "extra_logs": {{}}}}
+'''
+
+
+def grpo(steps=STEPS):
+    return ["--d3s.preset", "grpo", "--d3s.schedule_steps", str(steps), *ENTROPY]
+
+
+def ppo_args(toy_sft, tmp_path, name, config):
+    return pipeline.ppo_args(toy_sft.sft_model, toy_sft.task, str(tmp_path / name), config)
+
+
+def reward_file(tmp_path, name, mixed="float(response == str(label).strip())"):
+    log = tmp_path / f"{name}_scored.txt"
+    path = tmp_path / f"{name}_reward.py"
+    path.write_text(REWARD.format(mixed=mixed, log=str(log)))
+    return str(path), log
+
+
+def scored(log):
+    """({prompt: rollouts scored}, the easy prompts) from the reward file's log."""
+    counts, easy = {}, set()
+    for flag, prompt in (line.split(" ", 1) for line in log.read_text().splitlines()):
+        counts[prompt] = counts.get(prompt, 0) + 1
+        if flag == "1":
+            easy.add(prompt)
+    return counts, easy
+
+
+def assert_generation_run(run, assert_clean_run, steps=STEPS, first=1):
+    """Exactly the fixed steps, each a full batch of full groups, none of them without reward variance."""
+    assert_clean_run(run, range(first, steps + 1))
+    for step, values in run.steps.items():
+        assert values["rollout/num_samples"] == 4 * GROUP, (step, values["rollout/num_samples"])
+        assert values["d3s/zero_var_groups"] == 0, step  # a pilot with variance makes a group with variance
+        assert values["d3s/generated_tokens"] >= 4 * GROUP, step
+        if "d3s/pilots" in values:  # (a batch filled by pilots carried from the last one ran none)
+            assert 0 <= values["d3s/screened_prompts"] <= values["d3s/pilots"], step
+
+
+def test_d3s_with_screening_and_history_trains_the_fixed_steps(toy_sft, run_pipeline, assert_clean_run, tmp_path):
+    reward, log = reward_file(tmp_path, "sync")
+    config = dataclasses.replace(BASE, reward=reward, extra=D3S + SCREEN + SKIP)
+    run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "sync", config), name="sync")
+    assert_generation_run(run, assert_clean_run)
+    assert all(values["d3s/pilots"] >= 4 for values in run.steps.values() if values["d3s/carried_pilots"] == 0)
+    counts, easy = scored(log)
+    assert len(counts) == PROMPTS and 0 < len(easy) < PROMPTS
+    screened = sum(values["d3s/screened_prompts"] for values in run.steps.values())
+    skipped = sum(values["d3s/skipped_prompts"] for values in run.steps.values())
+    assert screened >= len(easy) and skipped > 0  # every easy prompt's first pilot screens it; then the history
+    # an easy prompt costs its pilots only, and fewer of them once its history makes it a skip candidate
+    assert all(counts[prompt] % PILOT == 0 and counts[prompt] < 4 * GROUP for prompt in easy), counts
+    assert run.steps[STEPS]["d3s/passes"] >= 3
+    # a skip needs an earlier observation of the prompt: in the first batch only once its pilots reached pass 2
+    assert run.steps[1]["d3s/skipped_prompts"] == 0 or run.steps[1]["d3s/passes"] >= 2
+
+
+def test_async_with_dynamic_filtering(toy_sft, run_pipeline, assert_clean_run, tmp_path):
+    """Screening, skipping and upstream's filter at once, in async mode: the pilot screens out flat groups, the
+    filter's range applies to the full groups, each prompt draw counted once."""
+    reward, log = reward_file(tmp_path, "async")
+    filtering = ["--algo.dynamic_filtering_enable", "--algo.dynamic_filtering_range", "0.05", "0.95"]
+    extra = grpo() + SCREEN + SKIP + filtering + ["--train.async_enable"]
+    config = dataclasses.replace(BASE, reward=reward, extra=extra)
+    run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "async", config), name="async")
+    assert_generation_run(run, assert_clean_run)
+    counts, easy = scored(log)
+    assert all(counts[prompt] % PILOT == 0 and counts[prompt] < 4 * GROUP for prompt in easy), counts
+    for step, values in run.steps.items():
+        assert values["dynamic_filtering_pass_rate"] > 0, step
+
+
+def test_dynamic_batching_on_two_zero3_ranks(toy_sft, run_pipeline, assert_clean_run, tmp_path):
+    reward, _ = reward_file(tmp_path, "dynamic")
+    dynamic = ["--train.dynamic_batch_enable", "--train.max_tokens_per_gpu", "48", "--rollout.max_tokens_per_gpu", "48"]
+    config = dataclasses.replace(
+        BASE, reward=reward, actor_gpus=2, zero_stage=3, train_batch_size=16, extra=grpo(6) + SCREEN + dynamic
+    )
+    run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "dynamic", config), name="dynamic")
+    assert_generation_run(run, assert_clean_run, steps=6)
+
+
+def test_resume_restores_the_position_and_the_history(toy_sft, run_pipeline, assert_clean_run, tmp_path):
+    """Steps 1-4 with a checkpoint at step 4, then the run resumed: steps 5-10 (the fixed steps, not a new
+    count), and its first batch already skips, which a fresh history (no candidates) could not."""
+    reward, _ = reward_file(tmp_path, "resume", mixed="0.0")  # every prompt's group flat: easy 1, others 0
+    checkpoint = ["--ckpt.save_steps", "4", "--ckpt.path", str(tmp_path / "checkpoints")]
+    skip = SKIP + ["--d3s.skip_base", "0.05"]
+    first = dataclasses.replace(BASE, reward=reward, extra=grpo(4) + skip + checkpoint)
+    run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "first", first), name="first")
+    assert_clean_run(run, range(1, 5))
+    assert (tmp_path / "checkpoints" / "d3s_history" / "step4.pt").is_file()
+    resumed = dataclasses.replace(first, extra=grpo() + skip + checkpoint + ["--ckpt.load_enable"])
+    run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "resumed", resumed), name="resumed")
+    assert_clean_run(run, range(5, STEPS + 1))
+    # every prompt seen so far had a flat group: candidates, skipped with probability 1 - 0.05^c
+    assert run.steps[5]["d3s/skip_candidates"] >= 4 and run.steps[5]["d3s/skipped_prompts"] > 0, run.tail()
+
+
+def test_a_multi_turn_agent_is_screened_by_its_final_rewards(toy_sft, run_pipeline, assert_clean_run, tmp_path):
+    agent = ["--train.agent_func_path", TOY_AGENT, "--data.max_len", "32"]
+    config = dataclasses.replace(BASE, extra=grpo(3) + SCREEN + agent)
+    run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "agent", config), name="agent")
+    assert_clean_run(run, range(1, 4))
+    for step, values in run.steps.items():
+        assert values["agent_turns"] == 2, (step, values.get("agent_turns"))
+        assert values["d3s/zero_var_groups"] == 0, step
