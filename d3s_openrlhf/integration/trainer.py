@@ -14,6 +14,9 @@ Every training step (``train_step``, shared by both modes through ``D3STrainerMi
 * The rollout statistics (``rollout/*``) still describe all generated rollouts, not only the kept ones.
 * ``kl_ctl.update`` receives the number of rollouts actually trained instead of the nominal B*G.
 
+Evaluation during training (``--eval.dataset``; sync ``evaluate``, async generator actor ``_run_eval``) logs
+upstream's metrics plus the unbiased ``eval/<datasource>/pass@k`` (``integration/eval_metrics.py``).
+
 ``get_max_steps`` (what ``openrlhf.cli.train_ppo_ray`` builds the actors' LR scheduler with) counts the optimizer
 steps of the kept rollouts over the run's exact rollout steps (``host.scaled_max_steps``), so the LR schedule
 still ends with training.
@@ -25,6 +28,7 @@ at the D3S subclasses for the duration of that constructor (in its own Ray worke
 
 from __future__ import annotations
 
+import inspect
 from typing import Dict, Tuple
 
 import ray
@@ -35,6 +39,7 @@ from openrlhf.trainer.ppo_trainer_async import (
     TrainingActor,
 )
 
+from d3s_openrlhf.integration import eval_metrics
 from d3s_openrlhf.integration.experience_maker import D3SExperienceMaker
 from d3s_openrlhf.integration.host import config_from_args, rollout_steps, scaled_max_steps
 from d3s_openrlhf.integration.samples_generator import STATE_KEY as SKIP_STATE_KEY
@@ -134,6 +139,12 @@ class _D3SPPOTrainer(D3STrainerMixin, PPOTrainer.__ray_actor_class__):
         # the LR-scheduler horizon openrlhf.cli.train_ppo_ray builds the actors with
         return scaled_max_steps(self.args, self.d3s, super().get_max_steps(), self.d3s_rollout_steps)
 
+    def evaluate(self, global_step, **generate_kwargs):
+        # upstream's evaluation, its metrics plus the unbiased <ds>/pass@k (integration/eval_metrics.py)
+        upstream = inspect.unwrap(PPOTrainer.__ray_actor_class__.evaluate)  # under @torch.no_grad()
+        with swapped_globals(upstream, compute_eval_metrics=eval_metrics.compute_eval_metrics):
+            return super().evaluate(global_step, **generate_kwargs)
+
 
 class _D3STrainingActor(D3STrainerMixin, TrainingActor.__ray_actor_class__):
     """Async training actor: the horizon is set by ``D3SPPOTrainerAsync`` from the generator actor."""
@@ -156,6 +167,12 @@ class _D3SGenerateSamplesActor(GenerateSamplesActor.__ray_actor_class__):
 
     def d3s_rollout_steps(self) -> int:
         return rollout_steps(len(self.prompts_dataloader), self.args)
+
+    def _run_eval(self):
+        # upstream's evaluation, its metrics plus the unbiased <ds>/pass@k (integration/eval_metrics.py)
+        upstream = GenerateSamplesActor.__ray_actor_class__._run_eval
+        with swapped_globals(upstream, compute_eval_metrics=eval_metrics.compute_eval_metrics):
+            return super()._run_eval()
 
     def get_max_steps(self):
         # PPOTrainerAsync.get_max_steps asks this actor for the LR-scheduler horizon of the actors
