@@ -61,8 +61,9 @@ class Sampling:
         )
         if greedy:
             return SamplingParams(n=1, temperature=0.0, **common)
+        seed = self.seed + index * self.n
         return SamplingParams(
-def start_engines(model, num_engines: int, tensor_parallel_size: int, seed: int, max_model_len: int, eager: bool):
+            n=self.n, temperature=self.temperature, top_p=self.top_p, top_k=-1, seed=seed, **common
         )
 
 

@@ -125,3 +125,16 @@ def test_score_calls_the_reward_as_training_does():
     outputs = [SimpleNamespace(token_ids=[3]), SimpleNamespace(token_ids=[4])]
     assert generate.score(_request(), outputs, reward_func, _Tokenizer()) == [1.0, 0.0]
     assert seen == [(["123", "124"], ["1+2=", "1+2="], ["3", "3"])]
+
+
+def test_sampling_params_seed_every_sample_apart_and_return_the_n_together():
+    from vllm.sampling_params import RequestOutputKind
+
+    sampling = generate.Sampling(n=4, temperature=0.6, top_p=0.9, max_new_tokens=7, seed=42, greedy=True)
+    params = [sampling.params(index) for index in range(3)]
+    # vLLM draws sample j of a request with seed + j: 42..45, 46..49, 50..53
+    assert [p.seed for p in params] == [42, 46, 50]
+    assert all(p.n == 4 and p.output_kind == RequestOutputKind.FINAL_ONLY for p in params)
+    assert (params[0].temperature, params[0].top_p, params[0].max_tokens, params[0].min_tokens) == (0.6, 0.9, 7, 1)
+    greedy = sampling.params(0, greedy=True)
+    assert (greedy.n, greedy.temperature, greedy.max_tokens) == (1, 0.0, 7)
