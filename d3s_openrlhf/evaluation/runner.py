@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Sequence
 
+from d3s_openrlhf.core.pass_at_k import check_ks
 from d3s_openrlhf.evaluation import results as results_module
 from d3s_openrlhf.evaluation import samples as samples_module
 from d3s_openrlhf.evaluation.generate import Request, Sampling, generate_and_score, start_engines, stop_engines
@@ -60,9 +61,8 @@ def build_requests(model: str, rows: Sequence[Row], options) -> tuple:
 
 def evaluate(options, rows: Sequence[Row], reward_func, progress=True) -> Dict:
     """Run (or continue) the evaluation into ``options.out``; returns the results document."""
-    from tqdm import tqdm
-
     import torch
+    from tqdm import tqdm
 
     sampling = Sampling(
         options.n, options.temperature, options.top_p, options.max_new_tokens, options.seed, options.greedy
@@ -104,10 +104,11 @@ def evaluate(options, rows: Sequence[Row], reward_func, progress=True) -> Dict:
     for row in rows:
         if row.datasource not in datasources:
             datasources.append(row.datasource)
+    ks = check_ks(options.k, options.n)
     blocks = {
         model: results_module.model_block(
-            [line for (m, _), lines in complete.items() if m == model for line in lines], options.k, datasources
+            [line for (m, _), lines in complete.items() if m == model for line in lines], ks, datasources
         )
         for model in options.model
     }
-    return results_module.write_results(options.out, blocks, sorted(set(options.k)))
+    return results_module.write_results(options.out, blocks, ks)

@@ -14,8 +14,9 @@ Every training step (``train_step``, shared by both modes through ``D3STrainerMi
 * The rollout statistics (``rollout/*``) still describe all generated rollouts, not only the kept ones.
 * ``kl_ctl.update`` receives the number of rollouts actually trained instead of the nominal B*G.
 
-Evaluation during training (``--eval.dataset``; sync ``evaluate``, async generator actor ``_run_eval``) logs
-upstream's metrics plus the unbiased ``eval/<datasource>/pass@k`` (``integration/eval_metrics.py``).
+Evaluation during training (``--eval.dataset``) logs upstream's metrics plus the unbiased
+``eval/<datasource>/pass@k``: the sync trainer and the async generator actor derive from the pass@k seams of
+``integration/eval_metrics.py``.
 
 ``get_max_steps`` (what ``openrlhf.cli.train_ppo_ray`` builds the actors' LR scheduler with) counts the optimizer
 steps of the kept rollouts over the run's exact rollout steps (``host.scaled_max_steps``), so the LR schedule
@@ -28,7 +29,6 @@ at the D3S subclasses for the duration of that constructor (in its own Ray worke
 
 from __future__ import annotations
 
-import inspect
 from typing import Dict, Tuple
 
 import ray
@@ -39,12 +39,12 @@ from openrlhf.trainer.ppo_trainer_async import (
     TrainingActor,
 )
 
-from d3s_openrlhf.integration import eval_metrics
+from d3s_openrlhf.integration.eval_metrics import PassAtKGenerateSamplesActorBase, PassAtKPPOTrainerBase
 from d3s_openrlhf.integration.experience_maker import D3SExperienceMaker
 from d3s_openrlhf.integration.host import config_from_args, rollout_steps, scaled_max_steps
 from d3s_openrlhf.integration.samples_generator import STATE_KEY as SKIP_STATE_KEY
 from d3s_openrlhf.integration.samples_generator import D3SSamplesGenerator
-from d3s_openrlhf.integration.seams import swapped_globals
+from d3s_openrlhf.integration.seams import remote_like, swapped_globals
 
 
 class _KeptCountKLController:
@@ -119,13 +119,7 @@ class D3STrainerMixin:
         return super()._compute_rollout_stats(all_rollouts if all_rollouts is not None else experiences)
 
 
-def _remote_like(upstream_actor_class, cls):
-    """``ray.remote`` with the same default options as the upstream actor class."""
-    options = dict(getattr(upstream_actor_class, "_default_options", None) or {})
-    return ray.remote(**options)(cls) if options else ray.remote(cls)
-
-
-class _D3SPPOTrainer(D3STrainerMixin, PPOTrainer.__ray_actor_class__):
+class _D3SPPOTrainer(D3STrainerMixin, PassAtKPPOTrainerBase):
     """Sync trainer: the D3S samples generator; the horizon comes from its own prompt dataloader."""
 
     def __init__(self, *args, **kwargs):
@@ -139,12 +133,6 @@ class _D3SPPOTrainer(D3STrainerMixin, PPOTrainer.__ray_actor_class__):
         # the LR-scheduler horizon openrlhf.cli.train_ppo_ray builds the actors with
         return scaled_max_steps(self.args, self.d3s, super().get_max_steps(), self.d3s_rollout_steps)
 
-    def evaluate(self, global_step, **generate_kwargs):
-        # upstream's evaluation, its metrics plus the unbiased <ds>/pass@k (integration/eval_metrics.py)
-        upstream = inspect.unwrap(PPOTrainer.__ray_actor_class__.evaluate)  # under @torch.no_grad()
-        with swapped_globals(upstream, compute_eval_metrics=eval_metrics.compute_eval_metrics):
-            return super().evaluate(global_step, **generate_kwargs)
-
 
 class _D3STrainingActor(D3STrainerMixin, TrainingActor.__ray_actor_class__):
     """Async training actor: the horizon is set by ``D3SPPOTrainerAsync`` from the generator actor."""
@@ -156,7 +144,7 @@ class _D3STrainingActor(D3STrainerMixin, TrainingActor.__ray_actor_class__):
         super().broadcast_to_vllm()
 
 
-class _D3SGenerateSamplesActor(GenerateSamplesActor.__ray_actor_class__):
+class _D3SGenerateSamplesActor(PassAtKGenerateSamplesActorBase):
     """Async generator actor with the D3S samples generator, which can report the run's number of rollout steps."""
 
     def __init__(self, *args, **kwargs):
@@ -168,21 +156,15 @@ class _D3SGenerateSamplesActor(GenerateSamplesActor.__ray_actor_class__):
     def d3s_rollout_steps(self) -> int:
         return rollout_steps(len(self.prompts_dataloader), self.args)
 
-    def _run_eval(self):
-        # upstream's evaluation, its metrics plus the unbiased <ds>/pass@k (integration/eval_metrics.py)
-        upstream = GenerateSamplesActor.__ray_actor_class__._run_eval
-        with swapped_globals(upstream, compute_eval_metrics=eval_metrics.compute_eval_metrics):
-            return super()._run_eval()
-
     def get_max_steps(self):
         # PPOTrainerAsync.get_max_steps asks this actor for the LR-scheduler horizon of the actors
         config = config_from_args(self.args)
         return scaled_max_steps(self.args, config, super().get_max_steps(), self.d3s_rollout_steps())
 
 
-D3SPPOTrainer = _remote_like(PPOTrainer, _D3SPPOTrainer)
-D3STrainingActor = _remote_like(TrainingActor, _D3STrainingActor)
-D3SGenerateSamplesActor = _remote_like(GenerateSamplesActor, _D3SGenerateSamplesActor)
+D3SPPOTrainer = remote_like(PPOTrainer, _D3SPPOTrainer)
+D3STrainingActor = remote_like(TrainingActor, _D3STrainingActor)
+D3SGenerateSamplesActor = remote_like(GenerateSamplesActor, _D3SGenerateSamplesActor)
 
 
 class _D3SPPOTrainerAsync(PPOTrainerAsync.__ray_actor_class__):
@@ -198,4 +180,4 @@ class _D3SPPOTrainerAsync(PPOTrainerAsync.__ray_actor_class__):
         ray.get(self.trainer_actor.set_d3s_rollout_steps.remote(steps))
 
 
-D3SPPOTrainerAsync = _remote_like(PPOTrainerAsync, _D3SPPOTrainerAsync)
+D3SPPOTrainerAsync = remote_like(PPOTrainerAsync, _D3SPPOTrainerAsync)

@@ -11,6 +11,10 @@ from openrlhf.trainer import ppo_trainer, ppo_trainer_async
 from d3s_openrlhf.integration import eval_metrics
 from d3s_openrlhf.integration.trainer import _D3SGenerateSamplesActor, _D3SPPOTrainer
 
+# the seams alone (what a run with D3S off uses) and under the D3S trainers
+SYNC_TRAINERS = [eval_metrics.PassAtKPPOTrainerBase, _D3SPPOTrainer]
+ASYNC_GENERATORS = [eval_metrics.PassAtKGenerateSamplesActorBase, _D3SGenerateSamplesActor]
+
 # (datasource, prompt, rewards of its 4 samples); the 0.5 is a partial credit: wrong
 GROUPS = [
     ("gsm8k", "p0", [1.0, 0.0, 0.0, 0.0]),
@@ -34,7 +38,8 @@ def samples_and_loader():
         for _, prompt, rewards in GROUPS
         for r in rewards
     ]
-    loader = [([source for source, _, _ in GROUPS], [prompt for _, prompt, _ in GROUPS], ["l"] * len(GROUPS), [None] * len(GROUPS))]
+    sources, prompts = [source for source, _, _ in GROUPS], [prompt for _, prompt, _ in GROUPS]
+    loader = [(sources, prompts, ["l"] * len(GROUPS), [None] * len(GROUPS))]
     return samples, loader
 
 
@@ -77,9 +82,10 @@ class _Recorder:
         self.logged.append((step, dict(logs)))
 
 
-def test_sync_trainer_evaluate_logs_pass_at_k():
+@pytest.mark.parametrize("trainer_class", SYNC_TRAINERS)
+def test_sync_trainer_evaluate_logs_pass_at_k(trainer_class):
     samples, loader = samples_and_loader()
-    trainer = object.__new__(_D3SPPOTrainer)
+    trainer = object.__new__(trainer_class)
     trainer.samples_generator = SimpleNamespace(generate_eval_samples=lambda **kwargs: samples)
     trainer.eval_dataloader = loader
     trainer.wandb_logger = None
@@ -91,9 +97,10 @@ def test_sync_trainer_evaluate_logs_pass_at_k():
     assert ppo_trainer.compute_eval_metrics is eval_metrics.upstream_compute_eval_metrics  # restored
 
 
-def test_async_generator_run_eval_logs_pass_at_k():
+@pytest.mark.parametrize("actor_class", ASYNC_GENERATORS)
+def test_async_generator_run_eval_logs_pass_at_k(actor_class):
     samples, loader = samples_and_loader()
-    actor = object.__new__(_D3SGenerateSamplesActor)
+    actor = object.__new__(actor_class)
     actor.samples_generator = SimpleNamespace(generate_eval_samples=lambda **kwargs: samples)
     actor.eval_dataloader = loader
     actor.generate_kwargs = {"temperature": 1.0}
