@@ -8,7 +8,8 @@ A run costs about a minute, nearly all of it start-up, so each run covers severa
 token selection on one rank runs in the checkpoint test (first run), the fork path and async mode; two ranks
 under ZeRO-3 in the all-equal-rewards test and in test_e2e_modes.py's dynamic-batching runs (cross and
 intra); intra scope in the PODS test and that intra run; GSPO in the gspo_d3s launch-script smoke run
-(tests/examples/test_examples_smoke.py).
+(tests/examples/test_examples_smoke.py). The baseline (D3S off, sync) and async runs also evaluate on held-out
+prompts and check the unbiased eval/<datasource>/pass@k beside upstream's metrics.
 """
 
 import dataclasses
