@@ -35,7 +35,8 @@ def parse(argv):
                         "OpenRLHF's --eval.temperature)")  # fmt: skip
     parser.add_argument("--top_p", type=float, default=1.0)
     parser.add_argument("--max_new_tokens", type=int, default=3072, help="response budget (default 3072)")
-    parser.add_argument("--seed", type=int, default=42, help="prompt i is sampled with seed + i (default 42)")
+    parser.add_argument("--seed", type=int, default=42, help="sample j of prompt i is drawn with seed + i * n + j "
+                        "(default 42)")  # fmt: skip
     parser.add_argument("--greedy", action="store_true", help="one more greedy sample per prompt (reported apart)")
     parser.add_argument("--reward", default=DEFAULT_REWARD, help="reward file, as training's --reward.remote_url "
                         "(default: d3s_openrlhf/rewards/math_reward.py)")  # fmt: skip
