@@ -56,7 +56,7 @@ def results_document(blocks: Dict[str, Dict]) -> Dict:
 
 def render_table(blocks: Dict[str, Dict], ks: Sequence[int]) -> str:
     """The papers' table: one row per model, one column per benchmark and the average, cells pass@k in % joined
-    by " / " in the order of --k."""
+    by " / " in increasing k."""
     sources: List[str] = []
     for block in blocks.values():
         sources += [s for s in block["benchmarks"] if s not in sources]
