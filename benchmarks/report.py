@@ -4,8 +4,8 @@
 
 Reads ``step_cost.json`` (bench_step_cost.py), ``learning_study.json`` (bench_learning.py, section 2),
 ``selection.json`` (bench_selection.py), ``memory.json``, ``forward.json``, ``forward_gpu.json`` (where a GPU
-ran it), ``prompt_skip.json`` (bench_learning.py --parts skip, section 6) and ``screening.json``
-(bench_screening.py, section 8). ``--study learning_study.json
+ran it), ``prompt_skip.json`` (bench_learning.py --parts skip, section 6), ``evaluate.json`` (bench_evaluate.py,
+section 7) and ``screening.json`` (bench_screening.py, section 8). ``--study learning_study.json
 --output STUDY.md`` instead writes the study alone (tables, Welch tests, the claims, ``STUDY.png``). Every number,
 comparison and verdict in the document is computed from those files (by ``benchmarks/reporting/``; this file parses
 the command line and assembles the document), so a rerun of ``benchmarks/run_all.sh`` regenerates the whole
@@ -22,6 +22,7 @@ from reporting.claims import claims  # benchmarks/ is sys.path[0] when this file
 from reporting.prompt_skip import skip_section
 from reporting.screening import screening_section
 from reporting.sections import (
+    evaluate_section,
     forward_section,
     gpu_forward_section,
     memory_section,
@@ -110,6 +111,8 @@ def main(argv=None):
         document += [*gpu_forward_section(json.loads(gpu.read_text()) if gpu.exists() else None), ""]
     if (results / "prompt_skip.json").exists():
         document += [*skip_section(results / "prompt_skip.json", 6), ""]
+    if (results / "evaluate.json").exists():
+        document += [*evaluate_section(json.loads((results / "evaluate.json").read_text()), 7), ""]
     if (results / "screening.json").exists():
         document += [*screening_section(json.loads((results / "screening.json").read_text()), 8), ""]
     Path(options.output).write_text("\n".join(document))

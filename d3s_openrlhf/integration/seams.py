@@ -1,4 +1,4 @@
-"""Scoped rebinding of the global names an upstream function looks up."""
+"""Scoped rebinding of the global names an upstream function looks up, and Ray actor classes like upstream's."""
 
 import contextlib
 import sys
@@ -30,3 +30,11 @@ def swapped_globals(owner: Union[ModuleType, FunctionType], **replacements: Any)
     finally:
         for ns, originals in saved:
             ns.update(originals)
+
+
+def remote_like(upstream_actor_class, cls):
+    """``ray.remote`` with the same default options as the upstream actor class."""
+    import ray
+
+    options = dict(getattr(upstream_actor_class, "_default_options", None) or {})
+    return ray.remote(**options)(cls) if options else ray.remote(cls)

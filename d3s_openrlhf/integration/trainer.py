@@ -14,6 +14,10 @@ Every training step (``train_step``, shared by both modes through ``D3STrainerMi
 * The rollout statistics (``rollout/*``) still describe all generated rollouts, not only the kept ones.
 * ``kl_ctl.update`` receives the number of rollouts actually trained instead of the nominal B*G.
 
+Evaluation during training (``--eval.dataset``) logs upstream's metrics plus the unbiased
+``eval/<datasource>/pass@k``: the sync trainer and the async generator actor derive from the pass@k seams of
+``integration/eval_metrics.py``.
+
 ``get_max_steps`` (what ``openrlhf.cli.train_ppo_ray`` builds the actors' LR scheduler with) counts the optimizer
 steps of the kept rollouts over the run's exact rollout steps (``host.scaled_max_steps``), so the LR schedule
 still ends with training.
@@ -35,11 +39,12 @@ from openrlhf.trainer.ppo_trainer_async import (
     TrainingActor,
 )
 
+from d3s_openrlhf.integration.eval_metrics import PassAtKGenerateSamplesActorBase, PassAtKPPOTrainerBase
 from d3s_openrlhf.integration.experience_maker import D3SExperienceMaker
 from d3s_openrlhf.integration.host import config_from_args, rollout_steps, scaled_max_steps
 from d3s_openrlhf.integration.samples_generator import STATE_KEY as GENERATION_STATE_KEY
 from d3s_openrlhf.integration.samples_generator import D3SSamplesGenerator
-from d3s_openrlhf.integration.seams import swapped_globals
+from d3s_openrlhf.integration.seams import remote_like, swapped_globals
 
 
 class _KeptCountKLController:
@@ -114,13 +119,7 @@ class D3STrainerMixin:
         return super()._compute_rollout_stats(all_rollouts if all_rollouts is not None else experiences)
 
 
-def _remote_like(upstream_actor_class, cls):
-    """``ray.remote`` with the same default options as the upstream actor class."""
-    options = dict(getattr(upstream_actor_class, "_default_options", None) or {})
-    return ray.remote(**options)(cls) if options else ray.remote(cls)
-
-
-class _D3SPPOTrainer(D3STrainerMixin, PPOTrainer.__ray_actor_class__):
+class _D3SPPOTrainer(D3STrainerMixin, PassAtKPPOTrainerBase):
     """Sync trainer: the D3S samples generator; the horizon comes from its own prompt dataloader."""
 
     def __init__(self, *args, **kwargs):
@@ -145,7 +144,7 @@ class _D3STrainingActor(D3STrainerMixin, TrainingActor.__ray_actor_class__):
         super().broadcast_to_vllm()
 
 
-class _D3SGenerateSamplesActor(GenerateSamplesActor.__ray_actor_class__):
+class _D3SGenerateSamplesActor(PassAtKGenerateSamplesActorBase):
     """Async generator actor with the D3S samples generator, which can report the run's number of rollout steps."""
 
     def __init__(self, *args, **kwargs):
@@ -163,9 +162,9 @@ class _D3SGenerateSamplesActor(GenerateSamplesActor.__ray_actor_class__):
         return scaled_max_steps(self.args, config, super().get_max_steps(), self.d3s_rollout_steps())
 
 
-D3SPPOTrainer = _remote_like(PPOTrainer, _D3SPPOTrainer)
-D3STrainingActor = _remote_like(TrainingActor, _D3STrainingActor)
-D3SGenerateSamplesActor = _remote_like(GenerateSamplesActor, _D3SGenerateSamplesActor)
+D3SPPOTrainer = remote_like(PPOTrainer, _D3SPPOTrainer)
+D3STrainingActor = remote_like(TrainingActor, _D3STrainingActor)
+D3SGenerateSamplesActor = remote_like(GenerateSamplesActor, _D3SGenerateSamplesActor)
 
 
 class _D3SPPOTrainerAsync(PPOTrainerAsync.__ray_actor_class__):
@@ -181,4 +180,4 @@ class _D3SPPOTrainerAsync(PPOTrainerAsync.__ray_actor_class__):
         ray.get(self.trainer_actor.set_d3s_rollout_steps.remote(steps))
 
 
-D3SPPOTrainerAsync = _remote_like(PPOTrainerAsync, _D3SPPOTrainerAsync)
+D3SPPOTrainerAsync = remote_like(PPOTrainerAsync, _D3SPPOTrainerAsync)

@@ -3,10 +3,13 @@
 import json
 
 from d3s_openrlhf import tasks
+from d3s_openrlhf.core.pass_at_k import is_correct, mean_pass_at_k
 
 
 def heldout_accuracy(model_path, heldout_path, samples=8, seed=0, task=tasks.DEFAULT_TASK, max_new_tokens=4):
-    """Held-out accuracy under ``task``'s reward: greedy, and sampled at temperature 1 (as in training); with
+    """Held-out accuracy under ``task``'s reward: ``greedy``; ``sampled``, the unbiased pass@1 of ``samples``
+    responses per prompt at temperature 1 (as in training), and ``pass@<samples>``, both from
+    :mod:`d3s_openrlhf.core.pass_at_k` (the estimator and correctness rule of ``d3s_openrlhf.cli.evaluate``); with
     ``entropy``, the mean per-token entropy (nats) of the policy over the sampled response tokens."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -40,15 +43,20 @@ def heldout_accuracy(model_path, heldout_path, samples=8, seed=0, task=tasks.DEF
         responses = output.sequences[:, width:]
         texts = tokenizer.batch_decode(responses, skip_special_tokens=False)
         labels = [row["label"] for row in rows] * repeats
-        accuracy = sum(tasks.score(module, tasks.response_of(text, ""), label) for text, label in zip(texts, labels))
-        accuracy /= len(texts)
+        rewards = [tasks.score(module, tasks.response_of(text, ""), label) for text, label in zip(texts, labels)]
+        correct = is_correct(rewards).reshape(repeats, len(rows)).sum(axis=0)  # (P,): sample r of prompt p at r*P + p
         # (R, T) entropy of each generated position; positions after the EOS token are padding
         log_probs = torch.stack(output.logits, dim=1).float().log_softmax(-1)
         entropy = -(log_probs.exp() * log_probs).sum(-1)
         is_eos = responses == tokenizer.eos_token_id
         generated = (is_eos.long().cumsum(-1) - is_eos.long()) == 0
-        return accuracy, float((entropy * generated).sum() / generated.sum())
+        return correct, float((entropy * generated).sum() / generated.sum())
 
     greedy, _ = evaluate(False, 1)
     sampled, entropy = evaluate(True, samples)
-    return {"greedy": greedy, "sampled": sampled, "entropy": entropy}
+    return {
+        "greedy": mean_pass_at_k(1, greedy, 1),
+        "sampled": mean_pass_at_k(samples, sampled, 1),
+        f"pass@{samples}": mean_pass_at_k(samples, sampled, samples),
+        "entropy": entropy,
+    }

@@ -11,6 +11,11 @@ def read_train_scalars(tensorboard_dir):
     ``<tensorboard_dir>/<run name>/``; a resumed run adds files (possibly in another run directory). Later
     files win for a step logged twice.
     """
+    return read_scalars(tensorboard_dir, "train/")
+
+
+def read_scalars(tensorboard_dir, prefix):
+    """:func:`read_train_scalars` for the tags under ``prefix`` (``"eval/"``: the evaluations, by global step)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     files = sorted(
@@ -21,9 +26,9 @@ def read_train_scalars(tensorboard_dir):
         accumulator = EventAccumulator(path, size_guidance={"scalars": 0})
         accumulator.Reload()
         for tag in accumulator.Tags()["scalars"]:
-            if not tag.startswith("train/"):
+            if not tag.startswith(prefix):
                 continue
-            key = tag[len("train/") :]
+            key = tag[len(prefix) :]
             for event in accumulator.Scalars(tag):
                 steps.setdefault(event.step, {})[key] = event.value
     return dict(sorted(steps.items()))

@@ -121,7 +121,7 @@ def test_study_chain_on_a_task_module_outside_the_repo(task_file, tmp_path):
     demo.main(["--out", str(tmp_path / "demo"), "--task", task_file, "--episodes", "1", "--grpo-only"])
     summary = json.loads((tmp_path / "demo" / "summary.json").read_text())
     assert summary["task"] == task_file and len(summary["steps"]) == 1
-    assert set(summary["heldout_accuracy"]["rl"]) == {"greedy", "sampled", "entropy"}
+    assert set(summary["heldout_accuracy"]["rl"]) == {"greedy", "sampled", "pass@8", "entropy"}
 
 
 # -- report.py on a synthetic study: every claim's verdict follows from the numbers --------------------------------

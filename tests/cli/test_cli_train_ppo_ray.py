@@ -106,7 +106,13 @@ def test_help_of_the_module_entrypoint():
 # ── off and on ──
 
 
-def test_d3s_off_runs_upstream_unchanged(upstream_runs):
+def pass_at_k_trainers():
+    from d3s_openrlhf.integration.eval_metrics import PassAtKPPOTrainer, PassAtKPPOTrainerAsync
+
+    return dict(PPOTrainer=PassAtKPPOTrainer, PPOTrainerAsync=PassAtKPPOTrainerAsync)
+
+
+def test_d3s_off_runs_upstream_with_the_pass_at_k_evaluation_alone(upstream_runs):
     # group_norm with one sample per prompt: upstream's own check fails right after its parsing.
     argv = ["--d3s.preset", "grpo", "--algo.advantage.estimator", "group_norm", "--rollout.n_samples_per_prompt", "1"]
     with pytest.raises(AssertionError, match="group_norm requires n_samples_per_prompt > 1"):
@@ -115,10 +121,12 @@ def test_d3s_off_runs_upstream_unchanged(upstream_runs):
     run = upstream_runs[0]
     assert run["module"] == "openrlhf.cli.train_ppo_ray"
     assert run["argv"] == argv[2:]  # the --d3s.* flags are not passed on
-    assert run["globals"] == UPSTREAM and run["d3s"] is None
+    # the trainers' evaluation adds the unbiased pass@k (the metric a D3S run logs); nothing else changes
+    assert run["globals"] == dict(UPSTREAM, **pass_at_k_trainers()) and run["d3s"] is None
+    assert _swappable_globals() == UPSTREAM  # for the run only
 
 
-def test_lora_with_d3s_off_swaps_in_the_merged_weight_sync_alone(upstream_runs):
+def test_lora_with_d3s_off_swaps_in_the_merged_weight_sync(upstream_runs):
     from d3s_openrlhf.integration.lora_sync import LoRASyncPolicyModelActor
 
     # LoRA: upstream's weight sync cannot reach vLLM, so the entrypoint swaps its policy actor even with D3S off
@@ -127,7 +135,7 @@ def test_lora_with_d3s_off_swaps_in_the_merged_weight_sync_alone(upstream_runs):
         cli.main(argv)
     (run,) = upstream_runs
     assert run["argv"] == argv and run["d3s"] is None
-    assert run["globals"] == dict(UPSTREAM, PolicyModelActor=LoRASyncPolicyModelActor)
+    assert run["globals"] == dict(UPSTREAM, PolicyModelActor=LoRASyncPolicyModelActor, **pass_at_k_trainers())
     assert _swappable_globals() == UPSTREAM  # for the run only
 
 

@@ -8,7 +8,8 @@ A run costs about a minute, nearly all of it start-up, so each run covers severa
 token selection on one rank runs in the checkpoint test (first run), the fork path and async mode; two ranks
 under ZeRO-3 in the all-equal-rewards test and in test_e2e_modes.py's dynamic-batching runs (cross and
 intra); intra scope in the PODS test and that intra run; GSPO in the gspo_d3s launch-script smoke run
-(tests/examples/test_examples_smoke.py).
+(tests/examples/test_examples_smoke.py). The baseline (D3S off, sync) and async runs also evaluate on held-out
+prompts and check the unbiased eval/<datasource>/pass@k beside upstream's metrics.
 """
 
 import dataclasses
@@ -25,6 +26,7 @@ import pytest
 from d3s_openrlhf.core.batching import kept_unit, legal_kept_count
 from d3s_openrlhf.core.config import D3SConfig
 from d3s_openrlhf.testbed import pipeline
+from d3s_openrlhf.testbed.metrics import read_scalars
 
 pytestmark = pytest.mark.e2e
 
@@ -86,14 +88,39 @@ def ppo_args(toy_sft, tmp_path, name, config):
     return pipeline.ppo_args(toy_sft.sft_model, toy_sft.task, str(tmp_path / name), config)
 
 
+def eval_flags(toy_sft, n=4):
+    """OpenRLHF's evaluation at step 2 (async: before the last batch is generated), on the held-out prompts (no
+    best-checkpoint saving)."""
+    return [
+        "--eval.dataset", toy_sft.task.heldout, "--eval.steps", 2, "--eval.n_samples_per_prompt", n,
+        "--eval.temperature", 1.0, "--ckpt.best_metric_key", "none",
+    ]  # fmt: skip
+
+
+def assert_pass_at_k_logged(tmp_path, name, n=4):
+    """The training-time evaluation logged upstream's metrics and the unbiased eval/<datasource>/pass@k."""
+    logged = read_scalars(str(tmp_path / name / "tensorboard"), "eval/")
+    assert list(logged) == [2], logged
+    values = logged[2]
+    passes = [values[f"default/pass@{k}"] for k in (1, 2, 4)]
+    assert "eval_default_pass1" in values and "eval_default_pass4" in values, sorted(values)
+    assert 0.0 <= passes[0] <= passes[1] <= passes[2] <= 1.0, passes
+    # the addition reward is 0/1: pass@1 is upstream's mean reward, pass@n upstream's "any of n"
+    assert passes[0] == pytest.approx(values["eval_default_pass1"], abs=1e-5)
+    assert passes[2] == pytest.approx(values[f"eval_default_pass{n}"], abs=1e-5)
+
+
 def test_baseline_d3s_off(toy_sft, run_pipeline, assert_clean_run, tmp_path):
-    # through the opt-in environment variable instead of the launcher: the entrypoint activates the runtime
-    args = ppo_args(toy_sft, tmp_path, "baseline", BASE)
+    # through the opt-in environment variable instead of the launcher: the entrypoint activates the runtime; with
+    # the training-time evaluation (sync trainer)
+    config = dataclasses.replace(BASE, extra=eval_flags(toy_sft))
+    args = ppo_args(toy_sft, tmp_path, "baseline", config)
     run = run_pipeline(pipeline.D3S_ENTRYPOINT, args, name="baseline", env_flag=True)
     assert_clean_run(run, range(1, STEPS + 1))
     for step, values in run.steps.items():
         assert values["rollout/num_samples"] == PROMPTS * GROUP, step
         assert not [key for key in values if key.startswith("d3s/")], f"D3S metrics with D3S off at step {step}"
+    assert_pass_at_k_logged(tmp_path, "baseline")
 
 
 CROSS = dict(preset="d3s", sample_scope="cross", n_init=2, n_final=6, k_init=0.5, k_final=0.9)
@@ -136,11 +163,13 @@ def test_all_equal_rewards_on_two_ranks_keep_the_loss_finite(toy_sft, run_pipeli
 
 
 def test_async_mode(toy_sft, run_pipeline, assert_clean_run, tmp_path):
-    # generation overlaps training; selection, token mask and schedule run in the training actor
-    config = dataclasses.replace(BASE, extra=d3s_flags(**CROSS) + ["--train.async_enable"])
+    # generation overlaps training; selection, token mask and schedule run in the training actor; with the
+    # training-time evaluation (the async generator actor)
+    config = dataclasses.replace(BASE, extra=d3s_flags(**CROSS) + ["--train.async_enable"] + eval_flags(toy_sft))
     run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "async", config), name="async")
     assert_clean_run(run, range(1, STEPS + 1))
     assert_kept_counts(run, expected_schedule(CROSS, config, STEPS))
+    assert_pass_at_k_logged(tmp_path, "async")
 
 
 def test_checkpoint_resume_continues_schedule(toy_sft, run_pipeline, assert_clean_run, tmp_path):

@@ -17,6 +17,7 @@ from openrlhf.utils import get_strategy
 
 from d3s_openrlhf.core.config import D3SConfig
 from d3s_openrlhf.integration.actor import D3SPolicyModelActor
+from d3s_openrlhf.integration.eval_metrics import PassAtKGenerateSamplesActor, PassAtKPPOTrainer, PassAtKPPOTrainerAsync
 from d3s_openrlhf.integration.host import config_from_args, config_namespace, parse_host_args, scaled_max_steps
 from d3s_openrlhf.integration.trainer import (
     D3SGenerateSamplesActor,
@@ -114,8 +115,12 @@ def _pickled_by_reference(cls):
 
 
 @pytest.mark.parametrize(
-    "actor_class", [D3SPolicyModelActor, D3SPPOTrainer, D3SPPOTrainerAsync, D3STrainingActor, D3SGenerateSamplesActor]
-)
+    "actor_class",
+    [
+        D3SPolicyModelActor, D3SPPOTrainer, D3SPPOTrainerAsync, D3STrainingActor, D3SGenerateSamplesActor,
+        PassAtKPPOTrainer, PassAtKPPOTrainerAsync, PassAtKGenerateSamplesActor,
+    ],
+)  # fmt: skip
 def test_no_inherited_method_binds_super_to_a_shipped_copy(actor_class):
     """Upstream's @ray.remote classes are not importable by name (the module attribute is the ActorClass), so
     Ray ships their methods by value, each ``super()`` bound to a copy of its class. If one of our importable

@@ -1,0 +1,52 @@
+"""The samples file, ``DIR/samples.jsonl``: one JSON line per sample, a prompt's lines appended in one write once the
+prompt is complete (all its samples generated and scored), so that an interrupted run loses at most the prompts in
+flight and a rerun continues with the prompts not yet complete.
+
+A line: ``model`` (the path as given), ``index`` (the prompt's position over all data files), ``datasource``,
+``prompt`` (the text the model was given), ``label``, ``sample`` (0 .. n-1; n for the greedy sample), ``greedy``,
+``response``, ``response_tokens``, ``reward``, ``finish_reason``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Dict, List, Tuple
+
+SAMPLES_FILE = "samples.jsonl"
+
+Key = Tuple[str, int]  # (model, prompt index)
+
+
+def read_complete(path: str, per_prompt: int) -> Dict[Key, List[dict]]:
+    """The complete prompts of the file: ``{(model, index): lines}`` with ``per_prompt`` distinct samples each.
+
+    A run killed inside a write leaves a cut last line and, at most, part of one prompt's lines: those are
+    dropped, and the file is rewritten without them (so that the next appends start on a fresh line).
+    """
+    if not os.path.exists(path):
+        return {}
+    groups: Dict[Key, Dict[int, dict]] = {}
+    dropped = 0
+    with open(path) as f:
+        for text in f:
+            try:
+                line = json.loads(text)
+                key = (line["model"], int(line["index"]))
+                groups.setdefault(key, {})[int(line["sample"])] = line
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+                dropped += 1
+    complete = {key: [lines[s] for s in sorted(lines)] for key, lines in groups.items() if len(lines) == per_prompt}
+    if dropped or len(complete) < len(groups):
+        partial = os.path.join(os.path.dirname(path), f".{SAMPLES_FILE}.tmp")
+        with open(partial, "w") as f:
+            for lines in complete.values():
+                f.writelines(json.dumps(line) + "\n" for line in lines)
+        os.replace(partial, path)
+    return complete
+
+
+def append_prompt(file, lines: List[dict]) -> None:
+    """Append one complete prompt's lines in one write, then flush (a kill leaves them whole or cut at the end)."""
+    file.write("".join(json.dumps(line) + "\n" for line in lines))
+    file.flush()

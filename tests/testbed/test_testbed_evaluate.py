@@ -1,0 +1,35 @@
+"""The CPU studies' held-out evaluation reports pass@1 (``sampled``) and pass@<samples> through core.pass_at_k."""
+
+import itertools
+
+import pytest
+
+from d3s_openrlhf.tasks import addition
+from d3s_openrlhf.testbed import evaluate, toy
+
+
+def brute_force(outcomes, k):
+    subsets = list(itertools.combinations(outcomes, k))
+    return sum(any(s) for s in subsets) / len(subsets)
+
+
+def test_heldout_accuracy_reports_unbiased_pass_at_k(tmp_path, monkeypatch):
+    model = toy.save_model_and_tokenizer(str(tmp_path / "model"))
+    rows = [{"input": e["prompt"], "label": e["answer"]} for e in addition.make_examples("heldout", 3, 0)]
+    heldout = toy.write_jsonl(str(tmp_path / "heldout.jsonl"), rows)
+    calls = []
+
+    def score(task, response, label):  # the i-th scored response is correct iff i % 5 == 0 (0.5: partial, wrong)
+        calls.append(label)
+        return [1.0, 0.0, 0.5, 0.0, 0.0][(len(calls) - 1) % 5]
+
+    monkeypatch.setattr(evaluate.tasks, "score", score)
+    result = evaluate.heldout_accuracy(model, heldout, samples=4)
+    assert set(result) == {"greedy", "sampled", "pass@4", "entropy"}
+    # calls: 3 greedy, then 4 x 3 sampled, sample r of prompt p at position r * 3 + p
+    outcomes = [(i % 5 == 0) for i in range(len(calls))]
+    assert result["greedy"] == pytest.approx(sum(outcomes[:3]) / 3)
+    sampled = outcomes[3:]
+    per_prompt = [[sampled[r * 3 + p] for r in range(4)] for p in range(3)]
+    assert result["sampled"] == pytest.approx(sum(brute_force(o, 1) for o in per_prompt) / 3)
+    assert result["pass@4"] == pytest.approx(sum(brute_force(o, 4) for o in per_prompt) / 3)
