@@ -99,7 +99,7 @@ def experience_variants(actor, sequences, attention_mask, action_mask):
             entropy_from_logits(output["logits"][:, :-1][:, -action_mask.shape[1] :])
 
     def head_free():
-        head_free_log_probs(actor, sequences, action_mask, attention_mask)
+        head_free_log_probs(actor, sequences, action_mask, attention_mask, with_entropy=True)
 
     return {"upstream": upstream, "full_logits": full_logits, "head_free": head_free}
 
