@@ -182,17 +182,15 @@ def _tensors(value) -> Iterator[torch.Tensor]:
 
 def _start_backward_with_the_engine(actor: Actor, output, tensors) -> None:
     """A DeepSpeed engine starts its backward (ZeRO's accumulation boundary, backward bookkeeping, offload swaps)
-    from hooks on the outputs of its forward, once per backward (DeepSpeed versions with
-    ``register_output_backward_hooks``; earlier engines start it in ``engine.backward``). The log-probs here come
-    from outside that forward, so they get the same hooks: those of the engine's own manager where its outputs
-    have one (an MoE aux loss), so that it still starts once."""
+    from hooks on the outputs of its forward, once per backward (DeepSpeed 0.18.3 on: ``host.DEEPSPEED_RANGE``,
+    checked at launch). The log-probs here come from outside that forward, so they get the same hooks: those of the
+    engine's own manager where its outputs have one (an MoE aux loss), so that it still starts once. A model
+    outside a DeepSpeed engine has none."""
     engine = actor.model
     if not torch.is_grad_enabled() or not hasattr(engine, "_backward_prologue_per_tensor"):
         return
-    try:
-        from deepspeed.runtime.utils import register_output_backward_hooks
-    except ImportError:
-        return
+    from deepspeed.runtime.utils import register_output_backward_hooks
+
     managers = [m for tensor in _tensors(output) for m in getattr(tensor, "_backward_hook_managers", ())]
     if not managers:
         register_output_backward_hooks(tensors, engine._backward_prologue, engine._backward_prologue_per_tensor)

@@ -267,3 +267,29 @@ def test_prompt_skip_with_a_moving_schedule_needs_schedule_steps():
     assert host.steps_unknown_in_advance(args, config) == "--d3s.prompt_skip history"
     kept = [-(-config.schedule_for(3).at(step)[0] * 4 // 8) * 8 for step in range(3)]
     assert scaled_max_steps(args, config, 1000, 10) == 2 * sum(kept) // 8  # the LR horizon spans schedule_steps
+
+
+# ── DeepSpeed ──
+
+
+@pytest.mark.parametrize("installed", ["0.18.3", "0.19.6", "0.19.10+cuda", "0.19"])
+def test_supported_deepspeed_versions_pass(monkeypatch, installed):
+    monkeypatch.setattr(host.metadata, "version", lambda name: installed if name == "deepspeed" else "0")
+    assert host.deepspeed_problem(host.installed_deepspeed()) is None
+    config = D3SConfig.from_flags({"preset": "grpo", "k_init": 0.5, "k_final": 0.5})
+    host.validate_against_host(config, host.parse_host_args(SKIP_HOST))
+
+
+@pytest.mark.parametrize("installed", ["0.18.2", "0.17.6", "0.20.0", "1.0.0", "dev", None])
+def test_other_deepspeed_versions_are_refused_before_ray_with_what_to_install(monkeypatch, installed):
+    def version(name):
+        if installed is None:
+            raise host.metadata.PackageNotFoundError(name)
+        return installed
+
+    monkeypatch.setattr(host.metadata, "version", version)
+    config = D3SConfig.from_flags({"preset": "grpo", "k_init": 0.5, "k_final": 0.5})
+    with pytest.raises(host.D3SValidationError, match=r"pip install deepspeed==0\.19\.6") as error:
+        host.validate_against_host(config, host.parse_host_args(SKIP_HOST))
+    assert ("not installed" if installed is None else f"deepspeed {installed} is installed") in str(error.value)
+    assert "deepspeed>=0.18.3,<0.20" in str(error.value)
