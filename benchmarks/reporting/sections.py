@@ -275,7 +275,10 @@ def forward_section(forward):
         f"the gradient of the tied {vocab:,} × {hidden} embedding ({vocab * hidden * 4 / MIB:,.0f} MiB fp32), which "
         "dominates our peak at short T; the LM head's logits are what changes. The triton column is a memory "
         "profile, not a speed: its time here is the stand-in's. At K = 1 without `--d3s.chunked_logits` upstream's "
-        "forward runs unchanged.",
+        "forward runs unchanged. The head-free experience forward computes the entropy (the token scores read it); "
+        "the training steps here have no entropy bonus, so ours computes the log-probs alone. Passes over each block "
+        "of logits, ours against upstream's torch and Triton paths, and how they were counted: "
+        "[docs/semantics.md](../docs/semantics.md#only-what-is-read-is-computed-passes-over-each-block-of-logits).",
     ]
     return lines
 
@@ -286,7 +289,9 @@ def gpu_forward_section(forward_gpu):
     command = "`PYTHONPATH=$PWD python benchmarks/bench_forward_gpu.py` (torch and transformers only)"
     if forward_gpu is None:
         return lines + [
-            f"Not run yet: no GPU was available to this project when the forwards changed. {command} writes "
+            "Not run yet: no GPU has been lent to this project's tasks, neither when the forwards changed (issue #24) "
+            "nor for their pass-count work (issue #30), so the kernel's GPU block budget (a quarter of the free "
+            f"memory) is as first set, unmeasured. {command} writes "
             "`benchmarks/results/forward_gpu.json` and its table (Qwen2.5-7B's vocabulary and hidden size, bf16, "
             "T = 1k to 8k, K = 0.05, 0.2, 1, KL loss off and on), which `report.py` then puts here."
         ]
