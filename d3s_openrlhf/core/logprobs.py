@@ -73,7 +73,7 @@ def _blocks(count: int, size: int):
 def _logits_into(out, hidden, weight, bias):
     """``out`` (n, v) fp32 <- hidden W^T + b: the matmul in the inputs' dtype, then the fp32 cast, as upstream's head.
     ``out`` is a view of a buffer that every block reuses: torch's CPU allocator keeps no cache, so a fresh (n, v)
-    tensor per block would pay its page faults again, the cost of several passes."""
+    tensor per block would pay its page faults again."""
     if hidden.dtype == torch.float32:  # the matmul writes the block itself (F.linear's kernel: addmm, or mm)
         if bias is None:
             torch.mm(hidden, weight.t(), out=out)
@@ -134,15 +134,13 @@ class _ChunkedLogProbs(torch.autograd.Function):
     def backward(ctx, grad_log_probs, grad_entropy=None):
         hidden, weight, bias, targets, logsumexp, entropy = ctx.saved_tensors
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
-        nothing = (None,) * 8
         if grad_log_probs is None and grad_entropy is None:
-            return nothing
+            return (None,) * 8
         count, vocab, temperature = hidden.shape[0], weight.shape[0], ctx.temperature
         # z the head's output, s = z / T - logsumexp(z / T) the log-softmax, p = e^s; per row g = dL/dlog p(y),
         # g' = dL/dH: dL/dz_v = [g (1[v = y] - p_v) - g' p_v (s_v + H)] / T = p_v (c0 + c1 s_v) + 1[v = y] g / T
         # with c0 = -(g + g' H) / T and c1 = -g' / T
-        zero = torch.zeros(count, 1, dtype=torch.float32, device=hidden.device)
-        g = zero if grad_log_probs is None else grad_log_probs.unsqueeze(-1)
+        g = 0.0 if grad_log_probs is None else grad_log_probs.unsqueeze(-1)
         c0 = -g if grad_entropy is None else -(g + grad_entropy.unsqueeze(-1) * entropy.unsqueeze(-1))
         c0 = c0 / temperature
         c1 = None if grad_entropy is None else -grad_entropy.unsqueeze(-1) / temperature
