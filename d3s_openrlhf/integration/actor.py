@@ -8,7 +8,8 @@ What runs here (inside each actor Ray worker):
   padding, like the log-probs. It is computed without full logits (``experience_forward``) where
   ``training_forward.training_forward_blocker`` allows, otherwise by ``core.entropy_from_logits`` on upstream's
   logits; ``forward(..., head_free=True)`` returns the log-probs alone without full logits (``--d3s.chunked_logits``
-  at a step without token selection), computing no entropy. ``init_model_from_pretrained`` builds ``D3SActorPPOTrainer``.
+  at a step without token selection), computing no entropy. ``init_model_from_pretrained`` builds
+  ``D3SActorPPOTrainer``.
 * ``D3SReferenceModelActor``: OpenRLHF's ``ReferenceModelActor`` whose forward takes the same head-free path when
   the experience maker asks for it (``head_free=True``).
 * ``D3SActorPPOTrainer``: takes ``experience.info["d3s_pg_mask"]`` (the token mask of the experience maker) out of

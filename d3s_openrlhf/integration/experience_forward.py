@@ -3,11 +3,11 @@
 At a step with token selection (K < 1), or at every step with ``--d3s.chunked_logits``, the actor's
 experience-making forward returns the old log-probs (and, for token selection, the policy entropy) of the action
 positions, and the reference model's forward its log-probs. The entropy is computed only where the token scores
-read it (the actor at a step with token selection); the other forwards do the log-prob work alone. Upstream's ``Actor.forward`` builds the fp32 logits of
-every position for that, (B, S, V): at micro-batch 16 x 4096 tokens and Qwen2.5's 151,936-token vocabulary about
-40 GB, plus the head's bf16 output. ``head_free_log_probs`` runs the model up to its LM head and scores only the
-positions that predict action tokens, one block of logits at a time (``training_forward``). The prompt's positions
-never reach the head.
+read it (the actor at a step with token selection); the other forwards do the log-prob work alone. Upstream's
+``Actor.forward`` builds the fp32 logits of every position for that, (B, S, V): at micro-batch 16 x 4096 tokens and
+Qwen2.5's 151,936-token vocabulary about 40 GB, plus the head's bf16 output. ``head_free_log_probs`` runs the model
+up to its LM head and scores only the positions that predict action tokens, one block of logits at a time
+(``training_forward``). The prompt's positions never reach the head.
 
 The arithmetic is upstream's: the head's matmul in the parameters' dtype, the cast to fp32, the division by
 ``--rollout.temperature``, log-softmax and entropy in fp32; the results equal upstream's forward within float

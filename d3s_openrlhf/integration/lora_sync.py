@@ -74,8 +74,9 @@ def merged_weight(layer: LoraLayer) -> torch.Tensor:
             variant = lora_variant(layer, adapter)
             if variant is not None:  # its weight is not W + scale * B @ A (DoRA rescales each column)
                 raise NotImplementedError(
-                    f"adapter {adapter!r} is a LoRA variant ({variant}): the merged weight sync sends W + scale * B @ A "
-                    "only; train plain LoRA (a LoRA config without use_dora), as OpenRLHF's --ds.lora.* flags build it"
+                    f"adapter {adapter!r} is a LoRA variant ({variant}): the merged weight sync sends "
+                    "W + scale * B @ A only; train plain LoRA (a LoRA config without use_dora), as OpenRLHF's "
+                    "--ds.lora.* flags build it"
                 )
             merged.add_(layer.get_delta_weight(adapter).detach().float())
     return merged.to(weight.dtype)

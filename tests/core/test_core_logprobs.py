@@ -99,7 +99,8 @@ def test_matches_full_logits_values_and_gradients(
     st.integers(1, 3), st.integers(1, 9), st.integers(1, 12), st.integers(1, 40), st.integers(1, 10),
     st.integers(1, 41), st.booleans(), st.floats(0.3, 2.0), st.integers(0, 2**31 - 1), st.booleans(),
 )
-@example(1, 7, 1, 16, 1, 16, False, 0.4375, 1449, True)  # a gradient of 0.015 from terms of |w| / T ~ 17: rounding 1.6e-5
+# a gradient of 0.015 from terms of |w| / T ~ 17: rounding 1.6e-5
+@example(1, 7, 1, 16, 1, 16, False, 0.4375, 1449, True)
 def test_chunking_never_changes_the_result(
     batch, tokens, hidden_size, vocab, chunk, block, with_bias, temperature, seed, with_entropy
 ):
@@ -129,7 +130,10 @@ def test_chunking_never_changes_the_result(
     torch.testing.assert_close(grad, ref_grad, atol=1e-5 * max(1.0, scale), rtol=1e-5)
 
 
-LOG_PROB_PASSES = {"forward": Counter(mm=1, amax=1, add=1, exp_=1, sum=1), "backward": Counter(mm=3, add=1, exp_=1, mul_=1)}
+LOG_PROB_PASSES = {
+    "forward": Counter(mm=1, amax=1, add=1, exp_=1, sum=1),
+    "backward": Counter(mm=3, add=1, exp_=1, mul_=1),
+}
 ENTROPY_PASSES = {  # the log-probs' and the entropy's
     "forward": Counter(mm=1, amax=1, add=1, exp=1, sum=2, mul_=1),
     "backward": Counter(mm=3, add=1, exp=1, addcmul=1, mul_=1),
