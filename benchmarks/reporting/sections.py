@@ -209,6 +209,18 @@ def memory_section(memory):
     return lines
 
 
+def _load_note(forward):
+    """The run's load, where recorded: above the core count other jobs shared the CPU and the times are noisy."""
+    if "load_average" not in forward:
+        return ""
+    start, end = forward["load_average"]
+    busy = max(start, end) > forward["cpu_count"]
+    return (
+        f"; 1-minute load average {start:.1f} at the start, {end:.1f} at the end on {forward['cpu_count']} cores"
+        + (": other jobs shared the CPU, so the times are only indicative (the peaks are exact)" if busy else "")
+    )
+
+
 def forward_section(forward):
     """Peak memory and time of the actor's forwards on OpenRLHF's Actor (bench_forward.py)."""
     lines = [
@@ -217,7 +229,7 @@ def forward_section(forward):
         f"Command: `PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_forward.py` ({forward['date']}, "
         f"{forward['machine']}). OpenRLHF's `Actor` around a randomly initialised model ({forward['model']}); one "
         f"sequence of T tokens, A = T/2 action tokens. Peak extra memory (MiB, torch's CPU allocator events) and "
-        f"wall time (best of {forward['repeats']}). "
+        f"wall time (best of {forward['repeats']}){_load_note(forward)}. "
         "Experience-making forward at a step with K < 1: upstream's log-prob forward; the same plus the entropy of "
         "its logits (`--d3s.full_logits`); the head-free forward (log-probs and entropy from the hidden states, chunk "
         "by chunk). Training step (forward and backward of the PG loss over the kept tokens; `kl`: plus a k3 KL loss "

@@ -72,3 +72,11 @@ def test_the_pass_count_table_runs_and_ours_makes_fewer_passes_than_upstreams_to
             assert ours[0] < torch_path[0] and ours[1] < torch_path[1], (dtype, outputs)
     assert counts[("fp32", "ours", "log-probs")] == [5, 6]
     assert counts[("fp32", "upstream triton", "log-probs")] == [3, 4]
+
+
+def test_the_forward_section_says_when_other_jobs_shared_the_cpu():
+    from reporting.sections import _load_note
+
+    assert "only indicative" in _load_note({"load_average": [3.2, 5.1], "cpu_count": 2})
+    assert "only indicative" not in _load_note({"load_average": [0.4, 1.1], "cpu_count": 2})
+    assert _load_note({}) == ""  # results from before the load was recorded
