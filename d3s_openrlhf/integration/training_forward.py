@@ -144,7 +144,12 @@ def action_hidden(actor: Actor, hidden, sequences, attention_mask, rows, columns
 
 
 def head_log_probs(
-    head: torch.nn.Linear, hidden, targets, temperature: float, chunk_size: Optional[int] = None, with_entropy=False
+    head: torch.nn.Linear,
+    hidden,
+    targets,
+    temperature: float,
+    chunk_size: Optional[int] = None,
+    with_entropy: bool = False,
 ):
     """``(log_probs, entropy)`` (k,) fp32 of ``targets`` under softmax(head(hidden) / temperature), from one call
     of the head module whose forward is the chunked kernel (hidden (k, H), targets (k,); ``chunk_size``: the
