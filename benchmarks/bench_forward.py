@@ -25,6 +25,8 @@ every variant holds alike, so that peak - floor is the memory of the log-probs (
 
 Peak = the maximum bytes held by torch's CPU allocator above the level at the call's start (torch.profiler
 ``[memory]`` events, exact, no CUDA needed); time = wall time of a separate, unprofiled call, best of ``--repeats``.
+The machine's load average at the start and the end is recorded with the results: on a shared machine other jobs
+slow some variants more than others, and the times are then only indicative (the peaks are not affected).
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_forward.py      # writes benchmarks/results/forward.json
 """
@@ -35,6 +37,7 @@ import argparse
 import datetime
 import json
 import math
+import os
 import platform
 import time
 from pathlib import Path
@@ -99,7 +102,7 @@ def experience_variants(actor, sequences, attention_mask, action_mask):
             entropy_from_logits(output["logits"][:, :-1][:, -action_mask.shape[1] :])
 
     def head_free():
-        head_free_log_probs(actor, sequences, action_mask, attention_mask)
+        head_free_log_probs(actor, sequences, action_mask, attention_mask, with_entropy=True)
 
     return {"upstream": upstream, "full_logits": full_logits, "head_free": head_free}
 
@@ -182,6 +185,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "forward.json")
     args = parser.parse_args()
 
+    load_at_start = os.getloadavg()[0]
     actor = make_actor(args)
     rows = []
     for tokens in args.tokens:
@@ -202,6 +206,8 @@ def main() -> None:
         "machine": f"{platform.machine()} CPU ({torch.get_num_threads()} torch threads), torch {torch.__version__}",
         "model": f"Qwen2-like, vocabulary {args.vocab:,}, hidden {args.hidden}, {args.layers} layers, tied, fp32",
         "repeats": args.repeats,
+        "load_average": [load_at_start, os.getloadavg()[0]],  # 1-minute load at the start and the end
+        "cpu_count": os.cpu_count(),
         "rows": rows,
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -78,12 +78,13 @@ def upstream_action_log_probs(model, sequences, width, triton):
     return log_probs[None, :-1][:, -width:]
 
 
-def ours_action_log_probs(model, sequences, width, rows):
-    """(log_probs, entropy) at the (1, A) action positions ``rows`` (a bool mask), from the hidden states."""
+def ours_action_log_probs(model, sequences, width, rows, with_entropy):
+    """(log_probs, entropy) at the (1, A) action positions ``rows`` (a bool mask), from the hidden states; the
+    entropy None without ``with_entropy`` (the training forward without an entropy bonus)."""
     hidden = model.model(sequences).last_hidden_state[:, -1 - width : -1]  # positions that predict the actions
     targets = sequences[:, -width:]
     log_probs, entropy = chunked_logprobs_entropy(
-        hidden[rows], model.lm_head.weight, targets[rows], temperature=TEMPERATURE
+        hidden[rows], model.lm_head.weight, targets[rows], temperature=TEMPERATURE, with_entropy=with_entropy
     )
     return log_probs, entropy
 
@@ -140,7 +141,7 @@ def run_length(model, tokens, args):
 
     experience = {
         "upstream": no_grad(lambda: upstream_action_log_probs(model, sequences, width, False)),
-        "ours": no_grad(lambda: ours_action_log_probs(model, sequences, width, every)),
+        "ours": no_grad(lambda: ours_action_log_probs(model, sequences, width, every, with_entropy=True)),
     }
     row["experience"] = {name: measure(fn, args.device, args.repeats) for name, fn in experience.items()}
 
@@ -165,7 +166,7 @@ def run_length(model, tokens, args):
             rows = every if kl or fraction >= 1 else kept
 
             def ours(rows=rows):
-                log_probs, _ = ours_action_log_probs(model, sequences, width, rows)
+                log_probs, _ = ours_action_log_probs(model, sequences, width, rows, with_entropy=False)
                 return old.masked_scatter(rows, log_probs) if rows is not every else log_probs.view(1, width)
 
             cells[f"ours {fraction:g}"] = measure(step(ours, kept, kl), args.device, args.repeats)

@@ -48,3 +48,10 @@ def test_every_subpackage_is_a_package_setup_finds():
     call = setup_call()
     subpackages = {f"d3s_openrlhf.{path.parent.name}" for path in PACKAGE.glob("*/*.py")}
     assert subpackages <= set(call["packages"]), subpackages - set(call["packages"])
+
+
+def test_the_deepspeed_range_is_the_one_the_launch_checks():
+    from d3s_openrlhf.integration.host import deepspeed_requirement
+
+    call = setup_call()
+    assert deepspeed_requirement() in call["extras_require"]["openrlhf"]

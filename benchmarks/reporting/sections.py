@@ -209,6 +209,18 @@ def memory_section(memory):
     return lines
 
 
+def _load_note(forward):
+    """The run's load, where recorded: above the core count other jobs shared the CPU and the times are noisy."""
+    if "load_average" not in forward:
+        return ""
+    start, end = forward["load_average"]
+    busy = max(start, end) > forward["cpu_count"]
+    return (
+        f"; 1-minute load average {start:.1f} at the start, {end:.1f} at the end on {forward['cpu_count']} cores"
+        + (": other jobs shared the CPU, so the times are only indicative (the peaks are exact)" if busy else "")
+    )
+
+
 def forward_section(forward):
     """Peak memory and time of the actor's forwards on OpenRLHF's Actor (bench_forward.py)."""
     lines = [
@@ -217,7 +229,7 @@ def forward_section(forward):
         f"Command: `PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_forward.py` ({forward['date']}, "
         f"{forward['machine']}). OpenRLHF's `Actor` around a randomly initialised model ({forward['model']}); one "
         f"sequence of T tokens, A = T/2 action tokens. Peak extra memory (MiB, torch's CPU allocator events) and "
-        f"wall time (best of {forward['repeats']}). "
+        f"wall time (best of {forward['repeats']}){_load_note(forward)}. "
         "Experience-making forward at a step with K < 1: upstream's log-prob forward; the same plus the entropy of "
         "its logits (`--d3s.full_logits`); the head-free forward (log-probs and entropy from the hidden states, chunk "
         "by chunk). Training step (forward and backward of the PG loss over the kept tokens; `kl`: plus a k3 KL loss "
@@ -275,7 +287,10 @@ def forward_section(forward):
         f"the gradient of the tied {vocab:,} × {hidden} embedding ({vocab * hidden * 4 / MIB:,.0f} MiB fp32), which "
         "dominates our peak at short T; the LM head's logits are what changes. The triton column is a memory "
         "profile, not a speed: its time here is the stand-in's. At K = 1 without `--d3s.chunked_logits` upstream's "
-        "forward runs unchanged.",
+        "forward runs unchanged. The head-free experience forward computes the entropy (the token scores read it); "
+        "the training steps here have no entropy bonus, so ours computes the log-probs alone. Passes over each block "
+        "of logits, ours against upstream's torch and Triton paths, and how they were counted: "
+        "[docs/semantics.md](../docs/semantics.md#only-what-is-read-is-computed-passes-over-each-block-of-logits).",
     ]
     return lines
 
@@ -286,7 +301,9 @@ def gpu_forward_section(forward_gpu):
     command = "`PYTHONPATH=$PWD python benchmarks/bench_forward_gpu.py` (torch and transformers only)"
     if forward_gpu is None:
         return lines + [
-            f"Not run yet: no GPU was available to this project when the forwards changed. {command} writes "
+            "Not run yet: no GPU has been lent to this project's tasks, neither when the forwards changed (issue #24) "
+            "nor for their pass-count work (issue #30), so the kernel's GPU block budget (a quarter of the free "
+            f"memory) is as first set, unmeasured. {command} writes "
             "`benchmarks/results/forward_gpu.json` and its table (Qwen2.5-7B's vocabulary and hidden size, bf16, "
             "T = 1k to 8k, K = 0.05, 0.2, 1, KL loss off and on), which `report.py` then puts here."
         ]

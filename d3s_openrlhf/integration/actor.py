@@ -8,7 +8,8 @@ What runs here (inside each actor Ray worker):
   padding, like the log-probs. It is computed without full logits (``experience_forward``) where
   ``training_forward.training_forward_blocker`` allows, otherwise by ``core.entropy_from_logits`` on upstream's
   logits; ``forward(..., head_free=True)`` returns the log-probs alone without full logits (``--d3s.chunked_logits``
-  at a step without token selection). ``init_model_from_pretrained`` builds ``D3SActorPPOTrainer``.
+  at a step without token selection), computing no entropy. ``init_model_from_pretrained`` builds
+  ``D3SActorPPOTrainer``.
 * ``D3SReferenceModelActor``: OpenRLHF's ``ReferenceModelActor`` whose forward takes the same head-free path when
   the experience maker asks for it (``head_free=True``).
 * ``D3SActorPPOTrainer``: takes ``experience.info["d3s_pg_mask"]`` (the token mask of the experience maker) out of
@@ -428,7 +429,11 @@ class D3SPolicyModelActor(ppo_actor.PolicyModelActor.__ray_actor_class__):
         without_logits = (return_entropy or head_free) and _head_free_blocker(self.strategy, self.actor) is None
         if not return_entropy and not without_logits:
             return upstream()
-        with _standing_in(self, "actor", (HeadFreeForward if without_logits else _EntropyTap)(self.actor)) as tap:
+        if without_logits:  # the entropy only where token selection reads it
+            tap = HeadFreeForward(self.actor, with_entropy=return_entropy)
+        else:
+            tap = _EntropyTap(self.actor)
+        with _standing_in(self, "actor", tap):
             action_log_probs = upstream()
         return (action_log_probs, tap.entropy.to("cpu")) if return_entropy else action_log_probs
 

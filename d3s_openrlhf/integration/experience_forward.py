@@ -2,11 +2,12 @@
 
 At a step with token selection (K < 1), or at every step with ``--d3s.chunked_logits``, the actor's
 experience-making forward returns the old log-probs (and, for token selection, the policy entropy) of the action
-positions, and the reference model's forward its log-probs. Upstream's ``Actor.forward`` builds the fp32 logits of
-every position for that, (B, S, V): at micro-batch 16 x 4096 tokens and Qwen2.5's 151,936-token vocabulary about
-40 GB, plus the head's bf16 output. ``head_free_log_probs`` runs the model up to its LM head and scores only the
-positions that predict action tokens, one block of logits at a time (``training_forward``). The prompt's positions
-never reach the head.
+positions, and the reference model's forward its log-probs. The entropy is computed only where the token scores
+read it (the actor at a step with token selection); the other forwards do the log-prob work alone. Upstream's
+``Actor.forward`` builds the fp32 logits of every position for that, (B, S, V): at micro-batch 16 x 4096 tokens and
+Qwen2.5's 151,936-token vocabulary about 40 GB, plus the head's bf16 output. ``head_free_log_probs`` runs the model
+up to its LM head and scores only the positions that predict action tokens, one block of logits at a time
+(``training_forward``). The prompt's positions never reach the head.
 
 The arithmetic is upstream's: the head's matmul in the parameters' dtype, the cast to fp32, the division by
 ``--rollout.temperature``, log-softmax and entropy in fp32; the results equal upstream's forward within float
@@ -37,7 +38,8 @@ def head_free_log_probs(
     attention_mask: torch.Tensor,
     packed_seq_lens=None,
     chunk_size: Optional[int] = None,
-) -> Tuple[torch.Tensor, torch.Tensor]:
+    with_entropy: bool = False,
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """``(action_log_probs, entropy)`` of upstream's ``Actor.forward(sequences, action_mask, attention_mask)``
     without its full logits (see the module docstring).
 
@@ -45,24 +47,27 @@ def head_free_log_probs(
         sequences, attention_mask: (B, S) as upstream's (padded; packed into (1, T) inside when the actor packs).
         action_mask: (B, A) response-token mask.
         chunk_size: positions per chunk of logits; None: ``core.logprobs.chunked_logprobs_entropy``'s default.
+        with_entropy: compute the entropy too (token selection's scores); None is returned in its place without.
 
     Returns:
         Both (B, A) fp32 and 0 where ``action_mask`` is 0: the log-prob of each action token and the entropy of the
         temperature-scaled policy at the position that predicts it.
     """
     log_probs, entropy, index, _ = action_log_probs_entropy(
-        actor, sequences, action_mask, attention_mask, action_mask, packed_seq_lens, chunk_size
+        actor, sequences, action_mask, attention_mask, action_mask, packed_seq_lens, chunk_size, with_entropy
     )
     grid = torch.zeros(action_mask.shape, dtype=torch.float32, device=log_probs.device)
-    return grid.index_put(index, log_probs), grid.index_put(index, entropy)
+    return grid.index_put(index, log_probs), None if entropy is None else grid.index_put(index, entropy)
 
 
 class HeadFreeForward:
     """Stands in for an ``Actor`` during one experience-making forward of a Ray model actor: called as upstream's
-    model actors call it, it returns the action log-probs from :func:`head_free_log_probs` and keeps the entropy."""
+    model actors call it, it returns the action log-probs from :func:`head_free_log_probs` and, ``with_entropy``,
+    keeps the entropy (else ``entropy`` stays None)."""
 
-    def __init__(self, model: Actor) -> None:
+    def __init__(self, model: Actor, with_entropy: bool = False) -> None:
         self.model = model
+        self.with_entropy = with_entropy
         self.entropy: Optional[torch.Tensor] = None
 
     def __getattr__(self, name):  # eval(), train(), is_vlm, ... of the wrapped actor
@@ -72,6 +77,7 @@ class HeadFreeForward:
         if ring_attn_group is not None or mm_inputs:
             raise ValueError("the head-free forward supports neither ring attention nor multimodal inputs")
         log_probs, self.entropy = head_free_log_probs(
-            self.model, sequences, action_mask, attention_mask, packed_seq_lens=packed_seq_lens
+            self.model, sequences, action_mask, attention_mask, packed_seq_lens=packed_seq_lens,
+            with_entropy=self.with_entropy,
         )
         return log_probs

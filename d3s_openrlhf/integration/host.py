@@ -16,7 +16,8 @@ forwards is adapted here.
   (:func:`scaled_max_steps`) and the dry run (:func:`validate_against_host`).
 * Travel form: the config rides in the host args as ``args.d3s`` (:func:`config_namespace`,
   :func:`config_from_args`); the token mask rides in ``experience.info[PG_MASK_KEY]``.
-* Validation against the host flags (:func:`validate_against_host`), before Ray starts.
+* Validation against the host flags (:func:`validate_against_host`), before Ray starts, with the installed
+  DeepSpeed checked against the range this package supports (:data:`DEEPSPEED_RANGE`, declared in setup.py).
 """
 
 from __future__ import annotations
@@ -27,9 +28,11 @@ import functools
 import io
 import math
 import os
+import re
 import runpy
 import sys
 from dataclasses import dataclass, field
+from importlib import metadata
 from types import SimpleNamespace
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -387,6 +390,52 @@ def lora_sync_needed(host_argv: Sequence[str]) -> bool:
     return True
 
 
+# ── DeepSpeed ──
+
+DEEPSPEED_RANGE = ((0, 18, 3), (0, 20))
+"""The DeepSpeed versions supported, from the first to the first not (setup.py declares the same range). The
+training forward without full logits starts the engine's backward from hooks on its log-probs with DeepSpeed's own
+machinery: ``deepspeed.runtime.utils.register_output_backward_hooks``, the engine's ``_backward_prologue`` and
+``_backward_prologue_per_tensor``, and the hook manager a model output carries (``_backward_hook_managers``, its
+``_make_backward_hook`` and ``hook_handles``), all from DeepSpeed 0.18.3 on (its PyTorch-compatible backward,
+deepspeedai/DeepSpeed#7665; 0.18.2 and earlier start the backward in ``engine.backward``). Private names: the range
+ends before the next minor release. Tested with 0.19.6, the version OpenRLHF 0.11.2 pins."""
+DEEPSPEED_TESTED = "0.19.6"
+
+
+def _dotted(version: Tuple[int, ...]) -> str:
+    return ".".join(map(str, version))
+
+
+def deepspeed_requirement() -> str:
+    """:data:`DEEPSPEED_RANGE` as a pip requirement: ``deepspeed>=0.18.3,<0.20``."""
+    low, high = DEEPSPEED_RANGE
+    return f"deepspeed>={_dotted(low)},<{_dotted(high)}"
+
+
+def deepspeed_problem(installed: Optional[str]) -> Optional[str]:
+    """Why the installed DeepSpeed (its version string, None when not installed) cannot run D3S, or None."""
+    fix = f"pip install deepspeed=={DEEPSPEED_TESTED} (supported: {deepspeed_requirement()})"
+    if installed is None:
+        return f"deepspeed is not installed: {fix}"
+    found = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", installed)
+    low, high = DEEPSPEED_RANGE
+    if found is not None and low <= tuple(int(part or 0) for part in found.groups()) < high:
+        return None
+    return (
+        f"deepspeed {installed} is installed; D3S's training forward starts DeepSpeed's backward with the output "
+        f"backward hooks of {deepspeed_requirement()}: {fix}"
+    )
+
+
+def installed_deepspeed() -> Optional[str]:
+    """The installed DeepSpeed's version, or None."""
+    try:
+        return metadata.version("deepspeed")
+    except metadata.PackageNotFoundError:
+        return None
+
+
 # ── validation against the host flags ──
 
 
@@ -493,6 +542,9 @@ def validate_against_host(config: D3SConfig, host_args) -> D3SPlan:
     num_prompts = host_args.rollout.batch_size
     dp = data_parallel_size(host_args)
     problems = _host_problems(config, host_args)
+    deepspeed = deepspeed_problem(installed_deepspeed())
+    if deepspeed is not None:
+        problems.insert(0, deepspeed)
     notes = []
     reason = deepcompile_blocker(host_args)
     if reason is not None and (config.tokens_enabled or config.chunked_logits):

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import types
-from typing import Iterator, List, Tuple
+from typing import Iterator, List, Optional, Tuple
 
 import ray
 import torch
@@ -50,6 +50,17 @@ def base_name(peft_name: str) -> str:
     return name.replace(".base_layer", "")
 
 
+def lora_variant(layer: LoraLayer, adapter: str) -> Optional[str]:
+    """The name of the LoRA variant ``adapter`` takes on ``layer`` (DoRA, ...), or None for plain LoRA: the variant
+    object of PEFT >= 0.16 (``layer.lora_variant``), else the DoRA flag of every PEFT with DoRA (0.9 on:
+    ``layer.use_dora``, which later versions still fill). OpenRLHF's ``--ds.lora.*`` flags build plain LoRA; a
+    variant comes from a LoRA config built elsewhere."""
+    variant = getattr(layer, "lora_variant", {}).get(adapter)
+    if variant is not None:
+        return type(variant).__name__
+    return "DoRA" if getattr(layer, "use_dora", {}).get(adapter) else None
+
+
 def merged_weight(layer: LoraLayer) -> torch.Tensor:
     """``W + sum_a scale_a * B_a @ A_a`` over the layer's active adapters (each delta from PEFT's own
     ``get_delta_weight``, in the adapter's dtype), summed in fp32 and cast to the dtype of W (dequantized under
@@ -60,8 +71,13 @@ def merged_weight(layer: LoraLayer) -> torch.Tensor:
         for adapter in layer.active_adapters:
             if adapter not in layer.lora_A and adapter not in getattr(layer, "lora_embedding_A", {}):
                 continue
-            if getattr(layer, "lora_variant", {}).get(adapter) is not None:
-                raise NotImplementedError(f"weight sync of LoRA variant {layer.lora_variant[adapter]!r} (e.g. DoRA)")
+            variant = lora_variant(layer, adapter)
+            if variant is not None:  # its weight is not W + scale * B @ A (DoRA rescales each column)
+                raise NotImplementedError(
+                    f"adapter {adapter!r} is a LoRA variant ({variant}): the merged weight sync sends "
+                    "W + scale * B @ A only; train plain LoRA (a LoRA config without use_dora), as OpenRLHF's "
+                    "--ds.lora.* flags build it"
+                )
             merged.add_(layer.get_delta_weight(adapter).detach().float())
     return merged.to(weight.dtype)
 

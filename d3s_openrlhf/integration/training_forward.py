@@ -4,8 +4,9 @@ Upstream's ``Actor.forward`` applies the LM head and the fp32 log-softmax at eve
 largest activation of a step (16 x 4096 x 151,936 fp32 is about 40 GB). Here the model runs up to its LM head
 (``final_hidden_states``: the head is swapped out of the model for that forward, so nothing computes logits), the
 hidden states of the positions whose log-probs the loss reads are picked (``action_hidden``), and one call of the
-head module computes their log-probs and entropy with ``core.logprobs.chunked_logprobs_entropy`` in place of its
-own forward (``head_log_probs``), one block of logits at a time, with gradients through both.
+head module computes their log-probs (and the entropy, only where the loss has an entropy term: upstream's
+``return_entropy``, set by ``--actor.entropy_coef``) with ``core.logprobs.chunked_logprobs_entropy`` in place of
+its own forward (``head_log_probs``), one block of logits at a time, with gradients through both.
 
 Calling the head module (not reading its weight from outside) keeps ZeRO-3's gathering as upstream has it: the
 head is gathered once per forward, by its own hooks, and once for its backward; its hooks see the usual module
@@ -142,14 +143,22 @@ def action_hidden(actor: Actor, hidden, sequences, attention_mask, rows, columns
     return hidden[0, packed_index[rows * seqlen + positions]], targets
 
 
-def head_log_probs(head: torch.nn.Linear, hidden, targets, temperature: float, chunk_size: Optional[int] = None):
+def head_log_probs(
+    head: torch.nn.Linear,
+    hidden,
+    targets,
+    temperature: float,
+    chunk_size: Optional[int] = None,
+    with_entropy: bool = False,
+):
     """``(log_probs, entropy)`` (k,) fp32 of ``targets`` under softmax(head(hidden) / temperature), from one call
     of the head module whose forward is the chunked kernel (hidden (k, H), targets (k,); ``chunk_size``: the
-    kernel's, None for its default)."""
+    kernel's, None for its default); ``entropy`` is None without ``with_entropy``."""
 
     def chunked(states, ids):
         return chunked_logprobs_entropy(
-            states, head.weight, ids, bias=head.bias, temperature=temperature, chunk_size=chunk_size
+            states, head.weight, ids, bias=head.bias, temperature=temperature, chunk_size=chunk_size,
+            with_entropy=with_entropy,
         )
 
     # an instance attribute shadows Linear.forward for nn.Module.__call__, which runs the head's hooks
@@ -178,17 +187,15 @@ def _tensors(value) -> Iterator[torch.Tensor]:
 
 def _start_backward_with_the_engine(actor: Actor, output, tensors) -> None:
     """A DeepSpeed engine starts its backward (ZeRO's accumulation boundary, backward bookkeeping, offload swaps)
-    from hooks on the outputs of its forward, once per backward (DeepSpeed versions with
-    ``register_output_backward_hooks``; earlier engines start it in ``engine.backward``). The log-probs here come
-    from outside that forward, so they get the same hooks: those of the engine's own manager where its outputs
-    have one (an MoE aux loss), so that it still starts once."""
+    from hooks on the outputs of its forward, once per backward (DeepSpeed 0.18.3 on: ``host.DEEPSPEED_RANGE``,
+    checked at launch). The log-probs here come from outside that forward, so they get the same hooks: those of the
+    engine's own manager where its outputs have one (an MoE aux loss), so that it still starts once. A model
+    outside a DeepSpeed engine has none."""
     engine = actor.model
     if not torch.is_grad_enabled() or not hasattr(engine, "_backward_prologue_per_tensor"):
         return
-    try:
-        from deepspeed.runtime.utils import register_output_backward_hooks
-    except ImportError:
-        return
+    from deepspeed.runtime.utils import register_output_backward_hooks
+
     managers = [m for tensor in _tensors(output) for m in getattr(tensor, "_backward_hook_managers", ())]
     if not managers:
         register_output_backward_hooks(tensors, engine._backward_prologue, engine._backward_prologue_per_tensor)
@@ -198,18 +205,26 @@ def _start_backward_with_the_engine(actor: Actor, output, tensors) -> None:
 
 
 def action_log_probs_entropy(
-    actor: Actor, sequences, action_mask, attention_mask, token_mask, packed_seq_lens=None, chunk_size=None
+    actor: Actor,
+    sequences,
+    action_mask,
+    attention_mask,
+    token_mask,
+    packed_seq_lens=None,
+    chunk_size=None,
+    with_entropy: bool = False,
 ):
-    """Log-probs and entropy of the ``token_mask`` tokens of a (B, A) action grid without full logits.
+    """Log-probs (and, ``with_entropy``, the entropy) of the ``token_mask`` tokens of a (B, A) action grid without
+    full logits.
 
-    Returns ``(log_probs, entropy, (rows, columns), output)``: both (k,) fp32 with gradients, the (B, A) indices of
-    the k tokens, and upstream's model output with empty logits."""
+    Returns ``(log_probs, entropy, (rows, columns), output)``: both (k,) fp32 with gradients (``entropy`` None
+    without ``with_entropy``), the (B, A) indices of the k tokens, and upstream's model output with empty logits."""
     hidden, output = final_hidden_states(actor, sequences, attention_mask, packed_seq_lens)
     index = (token_mask.bool() & action_mask.bool()).nonzero(as_tuple=True)
     states, targets = action_hidden(actor, hidden, sequences, attention_mask, *index, action_mask.shape[1])
     head = causal_lm(actor).get_output_embeddings()
-    log_probs, entropy = head_log_probs(head, states, targets, actor.temperature, chunk_size)
-    _start_backward_with_the_engine(actor, output, (log_probs, entropy))
+    log_probs, entropy = head_log_probs(head, states, targets, actor.temperature, chunk_size, with_entropy)
+    _start_backward_with_the_engine(actor, output, tuple(t for t in (log_probs, entropy) if t is not None))
     return log_probs, entropy, index, output
 
 
@@ -237,7 +252,7 @@ def training_forward(
         fill_log_probs: with ``log_prob_mask``, (B, A) log-probs returned (detached) at the other action tokens,
             normally the old ones, so that their ratio is exactly 1.
         return_entropy: set ``output.entropy`` (B, S - 1) as upstream's, the entropy (with its gradient) at the
-            action positions and 0 elsewhere; only without ``log_prob_mask``.
+            action positions and 0 elsewhere; only without ``log_prob_mask``. Without it no entropy is computed.
 
     Returns:
         ``action_log_probs`` (B, A) fp32 (0 outside ``action_mask``), or ``(action_log_probs, output)`` with
@@ -252,7 +267,7 @@ def training_forward(
         )
     token_mask = action_mask if log_prob_mask is None else log_prob_mask
     log_probs, entropy, index, output = action_log_probs_entropy(
-        actor, sequences, action_mask, attention_mask, token_mask, packed_seq_lens
+        actor, sequences, action_mask, attention_mask, token_mask, packed_seq_lens, with_entropy=return_entropy
     )
     if log_prob_mask is None:
         fill = torch.zeros(action_mask.shape, dtype=log_probs.dtype, device=log_probs.device)

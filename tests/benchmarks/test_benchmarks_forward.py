@@ -56,3 +56,27 @@ def test_the_gpu_benchmark_runs_on_a_cpu_at_toy_sizes(tmp_path):
     table = "\n".join(gpu_forward_section(result))
     assert "| 48 | kl on | ours 0.2 |" in table and "Not run" not in table
     assert "Not run yet" in "\n".join(gpu_forward_section(None))
+
+
+def test_the_pass_count_table_runs_and_ours_makes_fewer_passes_than_upstreams_torch_path(capsys):
+    """``bench_passes.py`` (the table of docs/semantics.md): ours against upstream's real ``Actor.forward``."""
+    import bench_passes
+
+    bench_passes.main()
+    rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines()[2:]]
+    counts = {tuple(c.strip() for c in row[:3]): [int(c.split()[0]) for c in row[3:]] for row in rows}
+    assert len(counts) == 12
+    for (dtype, variant, outputs), ours in counts.items():
+        if variant == "ours":
+            torch_path = counts[(dtype, "upstream torch", outputs)]
+            assert ours[0] < torch_path[0] and ours[1] < torch_path[1], (dtype, outputs)
+    assert counts[("fp32", "ours", "log-probs")] == [5, 6]
+    assert counts[("fp32", "upstream triton", "log-probs")] == [3, 4]
+
+
+def test_the_forward_section_says_when_other_jobs_shared_the_cpu():
+    from reporting.sections import _load_note
+
+    assert "only indicative" in _load_note({"load_average": [3.2, 5.1], "cpu_count": 2})
+    assert "only indicative" not in _load_note({"load_average": [0.4, 1.1], "cpu_count": 2})
+    assert _load_note({}) == ""  # results from before the load was recorded

@@ -1,7 +1,10 @@
+from collections import Counter
+
 import pytest
 import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from pass_count import block_passes  # benchmarks/ (tests/conftest.py puts it on sys.path)
 
 from d3s_openrlhf.core.logprobs import (
     DEFAULT_CHUNK_BUDGET_BYTES,
@@ -13,11 +16,16 @@ from d3s_openrlhf.core.logprobs import (
 
 def naive(hidden, weight, targets, bias=None, temperature=1.0):
     """Full logits as OpenRLHF's Actor.forward forms them (lm_head in the model dtype, fp32 cast, / temperature),
-    then log_softmax gathered at the targets and the plain entropy formula."""
+    then log_softmax gathered at the targets, and the entropy of those logits: upstream's formula evaluated in fp64
+    (in fp32 its logsumexp - sum p z cancels, see test_the_entropy_is_the_exact_one_of_the_logits)."""
     logits = torch.nn.functional.linear(hidden, weight, bias).float() / temperature
     log_probs = torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    entropy = torch.logsumexp(logits, -1) - (torch.softmax(logits, -1) * logits).sum(-1)
-    return log_probs, entropy
+    return log_probs, upstream_entropy(logits.double()).float()
+
+
+def upstream_entropy(logits):
+    """OpenRLHF's ``compute_entropy``."""
+    return torch.logsumexp(logits, -1) - (torch.softmax(logits, -1) * logits).sum(-1)
 
 
 # (forward atol, gradient rtol/atol) per dtype: bf16 gradients are rounded to bf16 like the reference's
@@ -39,20 +47,29 @@ def make(shape, hidden_size, vocab, dtype, with_bias, seed):
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("chunk_size, vocab_block", [(1, 1), (4, 7), (None, None)])
-@pytest.mark.parametrize("outputs", ["log_probs", "both", "entropy"])
+@pytest.mark.parametrize(
+    "outputs, with_entropy", [("log_probs", False), ("log_probs", True), ("both", True), ("entropy", True)]
+)
 def test_matches_full_logits_values_and_gradients(
-    dtype, shape, with_bias, temperature, chunk_size, vocab_block, outputs
+    dtype, shape, with_bias, temperature, chunk_size, vocab_block, outputs, with_entropy
 ):
+    """Values and gradients of the log-probs alone (the entropy not asked for, or asked for and unused), of the
+    entropy alone and of both equal the full-logits reference."""
     hidden, weight, bias, targets = make(shape, 17, 53, dtype, with_bias, seed=1)
     leaves = [t.requires_grad_() for t in (hidden, weight, bias) if t is not None]
     log_probs, entropy = chunked_logprobs_entropy(
-        hidden, weight, targets, bias=bias, temperature=temperature, chunk_size=chunk_size, vocab_block=vocab_block
+        hidden, weight, targets, bias=bias, temperature=temperature, chunk_size=chunk_size, vocab_block=vocab_block,
+        with_entropy=with_entropy,
     )
-    assert log_probs.dtype == entropy.dtype == torch.float32 and log_probs.shape == entropy.shape == shape
+    assert log_probs.dtype == torch.float32 and log_probs.shape == shape
     ref_log_probs, ref_entropy = naive(hidden, weight, targets, bias, temperature)
     atol, grad_tol = TOL[dtype]
     torch.testing.assert_close(log_probs, ref_log_probs.float(), atol=atol, rtol=0)
-    torch.testing.assert_close(entropy, ref_entropy.float(), atol=atol, rtol=0)
+    if with_entropy:
+        assert entropy.dtype == torch.float32 and entropy.shape == shape
+        torch.testing.assert_close(entropy, ref_entropy.float(), atol=atol, rtol=0)
+    else:
+        assert entropy is None
     # a loss of the log-probs (KL, PPO), of the entropy (entropy bonus) or of both
     g = torch.Generator().manual_seed(2)
     weights = {"log_probs": (torch.randn(shape, generator=g), 0), "entropy": (0, torch.randn(shape, generator=g))}
@@ -80,20 +97,25 @@ def test_matches_full_logits_values_and_gradients(
 @settings(max_examples=60, deadline=None)
 @given(
     st.integers(1, 3), st.integers(1, 9), st.integers(1, 12), st.integers(1, 40), st.integers(1, 10),
-    st.integers(1, 41), st.booleans(), st.floats(0.3, 2.0), st.integers(0, 2**31 - 1),
+    st.integers(1, 41), st.booleans(), st.floats(0.3, 2.0), st.integers(0, 2**31 - 1), st.booleans(),
 )
-@example(1, 7, 1, 16, 1, 16, False, 0.4375, 1449)  # a gradient of 0.015 from terms of |w| / T ~ 17: rounding 1.6e-5
+# a gradient of 0.015 from terms of |w| / T ~ 17: rounding 1.6e-5
+@example(1, 7, 1, 16, 1, 16, False, 0.4375, 1449, True)
 def test_chunking_never_changes_the_result(
-    batch, tokens, hidden_size, vocab, chunk, block, with_bias, temperature, seed
+    batch, tokens, hidden_size, vocab, chunk, block, with_bias, temperature, seed, with_entropy
 ):
     hidden, weight, bias, targets = make((batch, tokens), hidden_size, vocab, torch.float64, with_bias, seed)
     hidden.requires_grad_()
     log_probs, entropy = chunked_logprobs_entropy(
-        hidden, weight, targets, bias=bias, temperature=temperature, chunk_size=chunk, vocab_block=block
+        hidden, weight, targets, bias=bias, temperature=temperature, chunk_size=chunk, vocab_block=block,
+        with_entropy=with_entropy,
     )
     ref_log_probs, ref_entropy = naive(hidden, weight, targets, bias, temperature)
     torch.testing.assert_close(log_probs, ref_log_probs.float(), atol=1e-5, rtol=0)
-    torch.testing.assert_close(entropy, ref_entropy.detach().float(), atol=1e-5, rtol=0)
+    if with_entropy:
+        torch.testing.assert_close(entropy, ref_entropy.detach().float(), atol=1e-5, rtol=0)
+    else:
+        assert entropy is None
     (grad,) = torch.autograd.grad(log_probs.sum(), hidden)
     whole, _ = chunked_logprobs_entropy(
         hidden, weight, targets, bias=bias, temperature=temperature, chunk_size=batch * tokens, vocab_block=vocab
@@ -108,8 +130,58 @@ def test_chunking_never_changes_the_result(
     torch.testing.assert_close(grad, ref_grad, atol=1e-5 * max(1.0, scale), rtol=1e-5)
 
 
+LOG_PROB_PASSES = {
+    "forward": Counter(mm=1, amax=1, add=1, exp_=1, sum=1),
+    "backward": Counter(mm=3, add=1, exp_=1, mul_=1),
+}
+ENTROPY_PASSES = {  # the log-probs' and the entropy's
+    "forward": Counter(mm=1, amax=1, add=1, exp=1, sum=2, mul_=1),
+    "backward": Counter(mm=3, add=1, exp=1, addcmul=1, mul_=1),
+}
+CAST_PASSES = {"forward": Counter(copy_=1), "backward": Counter(copy_=1, _to_copy=1)}  # fp32 <-> a bf16 head
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("loss_of", ["log_probs", "log_probs, entropy unused", "both"])
+def test_the_entropy_is_computed_only_when_asked(dtype, temperature, with_bias, loss_of):
+    """Passes over each block (one chunk, one vocabulary block here; ``benchmarks/pass_count.py``): without
+    ``with_entropy`` the forward and the backward do the log-prob work alone; an entropy asked for but left out of
+    the loss (``--actor.entropy_coef 0``: logged only) costs its forward passes and nothing in the backward. The
+    bias adds one pass, its gradient's sum; the temperature none (it is folded into the shift)."""
+    tokens, vocab = 16, 512  # a block of 8,192 elements; the weight (V, H) and its gradient stay below it
+    hidden, weight, bias, targets = make((tokens,), 4, vocab, dtype, with_bias, seed=8)
+    leaves = [t.requires_grad_() for t in (hidden, weight, bias) if t is not None]
+    with_entropy = loss_of != "log_probs"
+    (log_probs, entropy), forward = block_passes(
+        lambda: chunked_logprobs_entropy(
+            hidden, weight, targets, bias=bias, temperature=temperature, chunk_size=tokens, vocab_block=vocab,
+            with_entropy=with_entropy,
+        ),
+        tokens * vocab,
+    )
+    assert (entropy is None) == (not with_entropy)
+    loss = log_probs.sum() + (entropy.sum() if loss_of == "both" else 0)
+    _, backward = block_passes(lambda: torch.autograd.grad(loss, leaves), tokens * vocab)
+    cast = dtype != torch.float32
+    expected_forward = (ENTROPY_PASSES if with_entropy else LOG_PROB_PASSES)["forward"] + (
+        CAST_PASSES["forward"] if cast else Counter()
+    )
+    expected_backward = (ENTROPY_PASSES if loss_of == "both" else LOG_PROB_PASSES)["backward"] + (
+        CAST_PASSES["backward"] if cast else Counter()
+    ) + (Counter(sum=1) if with_bias else Counter())
+    if with_bias:  # the head matmul adds it (one addmm in place of one mm, forward and backward)
+        for expected in (expected_forward, expected_backward):
+            expected.subtract(mm=1)
+            expected.update(addmm=1)
+    assert forward == expected_forward
+    assert backward == expected_backward
+
+
+@pytest.mark.parametrize("with_entropy", [False, True])
 @pytest.mark.parametrize("requires_grad", [False, True])
-def test_peak_memory_is_one_block_of_logits(requires_grad, peak_memory):
+def test_peak_memory_is_one_block_of_logits(requires_grad, with_entropy, peak_memory):
     """Full (N, V) fp32 logits are 2 MB here; a forward chunk is 32 KB, a backward block (N, 40) 80 KB. Forward
     and backward may hold a few blocks, the saved (N,) statistics, the gradients (the weight's in its own dtype,
     written block by block; the hidden states' summed in fp32), never the full logits."""
@@ -119,9 +191,11 @@ def test_peak_memory_is_one_block_of_logits(requires_grad, peak_memory):
     weight.requires_grad_(requires_grad)
 
     def run():
-        log_probs, entropy = chunked_logprobs_entropy(hidden, weight, targets, chunk_size=chunk, vocab_block=block)
+        log_probs, entropy = chunked_logprobs_entropy(
+            hidden, weight, targets, chunk_size=chunk, vocab_block=block, with_entropy=with_entropy
+        )
         if requires_grad:
-            (log_probs + entropy).sum().backward()
+            (log_probs + (entropy if with_entropy else 0)).sum().backward()
         return log_probs
 
     _, peak = peak_memory(run)
@@ -132,9 +206,10 @@ def test_peak_memory_is_one_block_of_logits(requires_grad, peak_memory):
     assert peak < allowed, f"peak {peak} bytes; blocks of {blocks}, the full logits {full_bytes}"
 
 
+@pytest.mark.parametrize("with_entropy", [False, True])
 @pytest.mark.parametrize("requires_grad", [False, True])
 @pytest.mark.parametrize("tokens", [1, 7, 64])
-def test_default_blocks_stay_below_upstreams_logits_at_any_size(requires_grad, tokens, peak_memory):
+def test_default_blocks_stay_below_upstreams_logits_at_any_size(requires_grad, tokens, with_entropy, peak_memory):
     """The automatic sizes cover at most a quarter of the positions (vocabulary): the kernel's extra peak stays
     below one copy of the full fp32 logits, which every upstream forward holds (under 4 positions: 4 rows of logits,
     2.4 MB at a 151,936 vocabulary)."""
@@ -143,9 +218,9 @@ def test_default_blocks_stay_below_upstreams_logits_at_any_size(requires_grad, t
     hidden.requires_grad_(requires_grad)
 
     def run():
-        log_probs, entropy = chunked_logprobs_entropy(hidden, weight, targets)
+        log_probs, entropy = chunked_logprobs_entropy(hidden, weight, targets, with_entropy=with_entropy)
         if requires_grad:
-            (log_probs + entropy).sum().backward()
+            (log_probs + (entropy if with_entropy else 0)).sum().backward()
 
     _, peak = peak_memory(run)
     gradients = hidden.numel() * 4 * 2 if requires_grad else 0
@@ -159,21 +234,42 @@ def test_default_chunk_size_follows_the_budget():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_real_qwen_vocabulary_with_the_default_blocks(dtype):
+@pytest.mark.parametrize("with_entropy", [False, True])
+def test_the_real_qwen_vocabulary_with_the_default_blocks(dtype, with_entropy):
     """151,936 tokens (Qwen2.5): the default sizes (a quarter of the rows, a quarter of the vocabulary) give the
-    full-logits values and gradients of a loss of both outputs."""
+    full-logits values and gradients of a loss of the log-probs alone, or of both outputs. The fp32 reference is
+    evaluated in fp64: upstream's fp32 arithmetic is itself 1.4e-4 off the exact gradient here (the kernel 3e-5)."""
     hidden, weight, _, targets = make((9,), 24, 151_936, dtype, False, seed=7)
     hidden.requires_grad_()
     weight.requires_grad_()
-    log_probs, entropy = chunked_logprobs_entropy(hidden, weight, targets, temperature=0.6)
-    ref_log_probs, ref_entropy = naive(hidden, weight, targets, None, 0.6)
+    log_probs, entropy = chunked_logprobs_entropy(hidden, weight, targets, temperature=0.6, with_entropy=with_entropy)
+    if dtype == torch.float32:
+        logits = torch.nn.functional.linear(hidden.double(), weight.double()) / 0.6
+        ref_log_probs = torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1).float()
+        ref_entropy = upstream_entropy(logits).float()
+    else:
+        ref_log_probs, ref_entropy = naive(hidden, weight, targets, None, 0.6)
     atol, grad_tol = TOL[dtype]
     torch.testing.assert_close(log_probs, ref_log_probs, atol=atol * 10, rtol=0)
-    torch.testing.assert_close(entropy, ref_entropy, atol=atol * 10, rtol=0)
-    grads = torch.autograd.grad((log_probs + 0.1 * entropy).sum(), (hidden, weight))
-    ref_grads = torch.autograd.grad((ref_log_probs + 0.1 * ref_entropy).sum(), (hidden, weight))
+    if with_entropy:
+        torch.testing.assert_close(entropy, ref_entropy, atol=atol * 10, rtol=0)
+    scale = 0.1 if with_entropy else 0.0
+    grads = torch.autograd.grad((log_probs + scale * (entropy if with_entropy else 0)).sum(), (hidden, weight))
+    ref_grads = torch.autograd.grad((ref_log_probs + scale * ref_entropy).sum(), (hidden, weight))
     for grad, ref in zip(grads, ref_grads):
         torch.testing.assert_close(grad, ref, atol=grad_tol * 10, rtol=grad_tol)
+
+
+def test_the_entropy_is_the_exact_one_of_the_logits():
+    """The kernel sums the entropy as -sum_v p_v s_v over the log-softmax s, which has no cancellation: within 1e-5
+    of the fp64 value of the same fp32 logits at a 151,936 vocabulary, where upstream's fp32 formula (logsumexp -
+    sum_v p_v z_v, two numbers of the logits' size) is off by about 2e-4 (this case: 4e-4 at most)."""
+    hidden, weight, _, targets = make((9,), 24, 151_936, torch.float32, False, seed=7)
+    _, entropy = chunked_logprobs_entropy(hidden, weight, targets, temperature=0.6, with_entropy=True)
+    logits = torch.nn.functional.linear(hidden, weight).float() / 0.6
+    exact = upstream_entropy(logits.double())
+    assert (entropy.double() - exact).abs().max() < 1e-5
+    assert (upstream_entropy(logits).double() - exact).abs().max() < 1e-3
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -189,7 +285,7 @@ def test_the_gpu_budget_grows_with_the_free_memory():
 def test_cuda_matches_full_logits(dtype, vocab):
     hidden, weight, bias, targets = make((2, 96), 64, vocab, dtype, False, seed=6)
     hidden, weight, targets = hidden.cuda().requires_grad_(), weight.cuda().requires_grad_(), targets.cuda()
-    log_probs, entropy = chunked_logprobs_entropy(hidden, weight, targets, temperature=0.8)
+    log_probs, entropy = chunked_logprobs_entropy(hidden, weight, targets, temperature=0.8, with_entropy=True)
     ref_log_probs, ref_entropy = naive(hidden, weight, targets, None, 0.8)
     atol, grad_tol = {torch.float32: (1e-4, 1e-4), torch.bfloat16: (1e-4, 2e-2)}[dtype]
     torch.testing.assert_close(log_probs, ref_log_probs, atol=atol, rtol=0)

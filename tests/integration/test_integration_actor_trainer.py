@@ -428,6 +428,20 @@ def record_head_inputs(actor):
     return shapes
 
 
+def record_entropy_requests(monkeypatch):
+    """Whether each call of the chunked kernel (every forward without full logits) asked for the entropy."""
+    import d3s_openrlhf.integration.training_forward as training_forward_module
+
+    asked, kernel = [], training_forward_module.chunked_logprobs_entropy
+
+    def recording(*args, with_entropy=False, **kwargs):
+        asked.append(with_entropy)
+        return kernel(*args, with_entropy=with_entropy, **kwargs)
+
+    monkeypatch.setattr(training_forward_module, "chunked_logprobs_entropy", recording)
+    return asked
+
+
 LOSSES = {
     "ppo": {},
     "ppo-dual-clip": dict(actor__dual_clip=3.0),
@@ -437,6 +451,7 @@ LOSSES = {
     "kl-k2": dict(algo__kl__use_loss=True, algo__kl__init_coef=0.05, algo__kl__estimator="k2"),
     "kl-k3": dict(algo__kl__use_loss=True, algo__kl__init_coef=0.05, algo__kl__estimator="k3"),
     "entropy": dict(actor__entropy_coef=0.01),
+    "entropy-logged": dict(actor__entropy_coef=0.0),  # upstream computes and logs it, without a loss term
     "kl-entropy-gspo": dict(
         actor__policy_loss_type="gspo", actor__entropy_coef=0.01, algo__kl__use_loss=True, algo__kl__init_coef=0.05
     ),
@@ -456,6 +471,7 @@ def head_rows(experience, loss):
 @pytest.mark.parametrize("loss", list(LOSSES))
 def test_training_forward_gives_the_full_logits_loss_and_gradient(model_dir, cpu_cuda, packing, temperature, loss):
     results = []
+    entropy_asked = record_entropy_requests(cpu_cuda)
     for full_logits in (True, False):
         args = make_args(**LOSSES[loss])
         args.d3s = D3SConfig(k_init=0.5, k_final=0.5, full_logits=full_logits).to_dict()
@@ -479,6 +495,7 @@ def test_training_forward_gives_the_full_logits_loss_and_gradient(model_dir, cpu
     # upstream's forward applies the head at every position; this one once, at the positions the loss reads
     assert full_heads[0][-2] == (int(experience.attention_mask.sum()) if packing else experience.sequences.shape[1])
     assert got_heads == [(head_rows(experience, loss), 64)]
+    assert entropy_asked == ["entropy" in loss]  # computed only for an entropy term (or its log)
 
 
 @pytest.mark.parametrize("loss", ["ppo", "kl-entropy-gspo"])
@@ -883,13 +900,14 @@ def test_entropy_forward_returns_upstreams_log_probs_and_the_action_entropy(mode
     expected_log_probs = upstream_forward(worker, e.sequences, e.action_mask, e.attention_mask)
     assert torch.equal(worker.forward(e.sequences, e.action_mask, e.attention_mask), expected_log_probs)
     heads = record_head_inputs(actor)
+    entropy_asked = record_entropy_requests(cpu_cuda)
     log_probs, entropy = worker.forward(e.sequences, e.action_mask, e.attention_mask, return_entropy=True)
     if full_logits:  # upstream's forward, bit for bit, and the entropy of its logits
         assert torch.equal(log_probs, expected_log_probs)
-        assert heads[0][-2] > 0
-    else:  # the head ran once, on the action positions only
+        assert heads[0][-2] > 0 and entropy_asked == []
+    else:  # the head ran once, on the action positions only, with the entropy
         torch.testing.assert_close(log_probs, expected_log_probs, rtol=1e-5, atol=1e-6)
-        assert heads == [(int(e.action_mask.sum()), 64)]
+        assert heads == [(int(e.action_mask.sum()), 64)] and entropy_asked == [True]
     assert log_probs.device.type == "cpu" and entropy.device.type == "cpu" and entropy.shape == log_probs.shape
     assert worker.actor is actor and actor.training
     torch.testing.assert_close(entropy, upstream_action_entropy(actor, e), rtol=1e-5, atol=1e-5)
@@ -905,8 +923,10 @@ def test_policy_forward_gives_log_probs_without_full_logits_when_asked(model_dir
     upstream_forward = ppo_actor.PolicyModelActor.__ray_actor_class__.forward
     expected = upstream_forward(worker, e.sequences, e.action_mask, e.attention_mask)
     heads = record_head_inputs(actor)
+    entropy_asked = record_entropy_requests(cpu_cuda)
     got = worker.forward(e.sequences, e.action_mask, e.attention_mask, head_free=True)
     assert isinstance(got, torch.Tensor) and worker.actor is actor
+    assert entropy_asked == ([] if full_logits else [False])  # the log-probs alone
     if full_logits:
         assert torch.equal(got, expected) and heads[0][-2] == e.sequences.shape[1]
     else:
@@ -932,16 +952,21 @@ def test_head_free_log_probs_equal_upstreams_forward(model_dir, cpu_cuda, packin
         expected = actor(e.sequences, e.action_mask, e.attention_mask)
     heads = record_head_inputs(actor)
     tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
-    for chunk_size in (None, 1, 3):
+    for chunk_size, with_entropy in ((None, True), (1, True), (3, True), (None, False), (3, False)):
         heads.clear()
         log_probs, entropy = head_free_log_probs(
-            actor, e.sequences, e.action_mask, e.attention_mask, chunk_size=chunk_size
+            actor, e.sequences, e.action_mask, e.attention_mask, chunk_size=chunk_size, with_entropy=with_entropy
         )
         assert heads == [(int(e.action_mask.sum()), 64)]  # once, on the action positions only
-        assert log_probs.dtype == entropy.dtype == torch.float32 and log_probs.shape == e.action_mask.shape
+        assert log_probs.dtype == torch.float32 and log_probs.shape == e.action_mask.shape
         torch.testing.assert_close(log_probs, expected, **tolerance)
+        assert torch.all(log_probs[~e.action_mask] == 0)
+        if not with_entropy:
+            assert entropy is None
+            continue
+        assert entropy.dtype == torch.float32
         torch.testing.assert_close(entropy, upstream_action_entropy(actor, e), **tolerance)
-        assert torch.all(log_probs[~e.action_mask] == 0) and torch.all(entropy[~e.action_mask] == 0)
+        assert torch.all(entropy[~e.action_mask] == 0)
 
 
 def test_head_free_forward_never_holds_the_full_logits(tmp_path, cpu_cuda, peak_memory):
@@ -974,6 +999,7 @@ def bare_reference_actor(actor, args):
 def test_reference_forward_without_full_logits_when_asked(model_dir, cpu_cuda, packing):
     import openrlhf.trainer.ray.launcher as launcher
 
+    entropy_asked = record_entropy_requests(cpu_cuda)
     actor = load_actor(model_dir, temperature=0.8, packing_samples=packing)
     actor.eval()
     e = make_experience(actor, seed=42, pg=None)
@@ -991,6 +1017,7 @@ def test_reference_forward_without_full_logits_when_asked(model_dir, cpu_cuda, p
             torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
             assert heads == [(int(e.action_mask.sum()), 64)]
         actor.model.get_output_embeddings()._forward_hooks.clear()
+    assert entropy_asked == [False]  # the reference's log-probs alone, never its entropy
 
 
 def test_the_model_actors_step_aside_for_upstreams_forward_under_deepcompile():

@@ -289,3 +289,29 @@ def test_dynamic_filtering_alone_with_a_moving_schedule_needs_schedule_steps():
     config = D3SConfig.from_flags({"preset": "d3s", "n_init": 2, "n_final": 8})
     args = horizon_args(algo__dynamic_filtering_enable=True)
     assert host.steps_unknown_in_advance(args, config) == "--algo.dynamic_filtering_enable"
+
+
+# ── DeepSpeed ──
+
+
+@pytest.mark.parametrize("installed", ["0.18.3", "0.19.6", "0.19.10+cuda", "0.19"])
+def test_supported_deepspeed_versions_pass(monkeypatch, installed):
+    monkeypatch.setattr(host.metadata, "version", lambda name: installed if name == "deepspeed" else "0")
+    assert host.deepspeed_problem(host.installed_deepspeed()) is None
+    config = D3SConfig.from_flags({"preset": "grpo", "k_init": 0.5, "k_final": 0.5})
+    host.validate_against_host(config, host.parse_host_args(SKIP_HOST))
+
+
+@pytest.mark.parametrize("installed", ["0.18.2", "0.17.6", "0.20.0", "1.0.0", "dev", None])
+def test_other_deepspeed_versions_are_refused_before_ray_with_what_to_install(monkeypatch, installed):
+    def version(name):
+        if installed is None:
+            raise host.metadata.PackageNotFoundError(name)
+        return installed
+
+    monkeypatch.setattr(host.metadata, "version", version)
+    config = D3SConfig.from_flags({"preset": "grpo", "k_init": 0.5, "k_final": 0.5})
+    with pytest.raises(host.D3SValidationError, match=r"pip install deepspeed==0\.19\.6") as error:
+        host.validate_against_host(config, host.parse_host_args(SKIP_HOST))
+    assert ("not installed" if installed is None else f"deepspeed {installed} is installed") in str(error.value)
+    assert "deepspeed>=0.18.3,<0.20" in str(error.value)

@@ -16,7 +16,12 @@ import torch
 peft = pytest.importorskip("peft")
 
 from d3s_openrlhf.integration.actor import D3SActorPPOTrainer  # noqa: E402
-from d3s_openrlhf.integration.lora_sync import LoRASyncActorPPOTrainer, base_name, lora_layers  # noqa: E402
+from d3s_openrlhf.integration.lora_sync import (  # noqa: E402
+    LoRASyncActorPPOTrainer,
+    base_name,
+    lora_layers,
+    lora_variant,
+)
 
 VOCAB = 96
 
@@ -38,9 +43,10 @@ def tiny_llama(seed=0, dtype=torch.float32, tied=True):
     return LlamaForCausalLM(config).to(dtype)
 
 
-def with_lora(model, target_modules="all-linear", dropout=0.3):
+def with_lora(model, target_modules="all-linear", dropout=0.3, use_dora=False):
     config = peft.LoraConfig(
-        task_type=peft.TaskType.CAUSAL_LM, r=4, lora_alpha=16, target_modules=target_modules, lora_dropout=dropout
+        task_type=peft.TaskType.CAUSAL_LM, r=4, lora_alpha=16, target_modules=target_modules, lora_dropout=dropout,
+        use_dora=use_dora,
     )
     model = peft.get_peft_model(model, config)
     torch.manual_seed(1)
@@ -164,3 +170,30 @@ def test_lora_on_a_tied_embedding_is_refused_with_the_flag_to_change(target, pro
     with pytest.raises(ValueError, match="--ds.lora.target_modules") as error:
         trainer.broadcast_to_vllm()
     assert target in str(error.value) and not recorder.calls
+
+
+@pytest.mark.parametrize("peft_api", ["lora_variant (PEFT >= 0.16)", "use_dora alone (PEFT < 0.16)"])
+def test_dora_is_refused_whatever_the_peft_version(peft_api, process_group, monkeypatch):
+    """A DoRA adapter's weight is not W + scale * B @ A: the sync refuses it, with what to change, before sending
+    anything. PEFT >= 0.16 marks it with a variant object; earlier PEFT with ``use_dora`` alone (simulated here by
+    removing ``lora_variant``, which those versions lack)."""
+    model = with_lora(tiny_llama(tied=False), ["q_proj", "v_proj"], use_dora=True)
+    layers = lora_layers(model)
+    if peft_api.startswith("use_dora"):
+        for _, layer in layers:
+            del layer.lora_variant
+    assert all(lora_variant(layer, "default") is not None for _, layer in layers)
+    trainer, recorder = trainer_for(model, LoRASyncActorPPOTrainer, monkeypatch)
+    with pytest.raises(NotImplementedError, match="use_dora") as error:
+        trainer.broadcast_to_vllm()
+    assert "Dora" in str(error.value) or "DoRA" in str(error.value)
+    assert not recorder.calls
+
+
+@pytest.mark.parametrize("peft_api", ["lora_variant (PEFT >= 0.16)", "use_dora alone (PEFT < 0.16)"])
+def test_plain_lora_is_no_variant_whatever_the_peft_version(peft_api):
+    model = with_lora(tiny_llama(tied=False), ["q_proj"])
+    for _, layer in lora_layers(model):
+        if peft_api.startswith("use_dora"):
+            del layer.lora_variant
+        assert lora_variant(layer, "default") is None
