@@ -4,7 +4,8 @@
 
 Reads ``step_cost.json`` (bench_step_cost.py), ``learning_study.json`` (bench_learning.py, section 2),
 ``selection.json`` (bench_selection.py), ``memory.json``, ``forward.json``, ``forward_gpu.json`` (where a GPU
-ran it) and ``prompt_skip.json`` (bench_learning.py --parts skip, section 6). ``--study learning_study.json
+ran it), ``prompt_skip.json`` (bench_learning.py --parts skip, section 6) and ``lora_sync_before.json`` /
+``lora_sync_after.json`` (bench_lora_sync.py, section 7). ``--study learning_study.json
 --output STUDY.md`` instead writes the study alone (tables, Welch tests, the claims, ``STUDY.png``). Every number,
 comparison and verdict in the document is computed from those files (by ``benchmarks/reporting/``; this file parses
 the command line and assembles the document), so a rerun of ``benchmarks/run_all.sh`` regenerates the whole
@@ -22,6 +23,7 @@ from reporting.prompt_skip import skip_section
 from reporting.sections import (
     forward_section,
     gpu_forward_section,
+    lora_sync_section,
     memory_section,
     plot_step_cost,
     selection_section,
@@ -108,6 +110,9 @@ def main(argv=None):
         document += [*gpu_forward_section(json.loads(gpu.read_text()) if gpu.exists() else None), ""]
     if (results / "prompt_skip.json").exists():
         document += [*skip_section(results / "prompt_skip.json", 6), ""]
+    if (results / "lora_sync_after.json").exists():
+        before, after = (json.loads((results / f"lora_sync_{side}.json").read_text()) for side in ("before", "after"))
+        document += [*lora_sync_section(before, after, 7), ""]
     Path(options.output).write_text("\n".join(document))
     print(f"wrote {options.output} and the plots in {results}")
 
