@@ -61,6 +61,8 @@ def test_a_dead_watched_actor_ends_a_wait_on_another(victim_class):
     waiter, victim = Worker.remote(), victim_class.remote()
     blocked = waiter.wait.remote(600)  # stands for the policy actors blocked sending weights to a dead engine
     killed(victim)
+    with pytest.raises(ray.exceptions.GetTimeoutError):  # what upstream's plain wait does: nothing, for ever
+        ray.get(blocked, timeout=2)
     start = time.monotonic()
     with pytest.raises(DeadActorError, match="vLLM engine 0 died") as error:
         watched_get([blocked], engine_names([victim]))
