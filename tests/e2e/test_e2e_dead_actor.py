@@ -1,7 +1,12 @@
 """A dead actor ends the run instead of hanging it: real ``train_ppo_ray`` runs (CPU runtime) in which the vLLM
 engine or, in async mode, the generator actor is killed by SIGKILL (as an OOM kill does) once step 2 is logged.
 The run must exit non-zero well within 5 minutes, its last lines naming the dead actor and Ray's cause, leave no
-process behind but the killed actor's orphans, and the checkpoint it wrote before must resume."""
+process behind but the killed actor's orphans, and the checkpoint it wrote before must resume.
+
+Killed at that point, the engine is (or soon is) generating, so the run ends through Ray's own error on that wait.
+A death during a weight sync, which nothing fails and which the trainers' watch ends (integration/liveness.py),
+lasts ~0.1 s of a toy step and cannot be hit from outside reliably: tests/integration/test_integration_liveness.py
+covers it with a wait that never ends on its own."""
 
 import dataclasses
 import importlib.util
