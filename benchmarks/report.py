@@ -5,7 +5,8 @@
 Reads ``step_cost.json`` (bench_step_cost.py), ``learning_study.json`` (bench_learning.py, section 2),
 ``selection.json`` (bench_selection.py), ``memory.json``, ``forward.json``, ``forward_gpu.json`` (where a GPU
 ran it), ``prompt_skip.json`` (bench_learning.py --parts skip, section 6), ``evaluate.json`` (bench_evaluate.py,
-section 7) and ``screening.json`` (bench_screening.py, section 8). ``--study learning_study.json
+section 7), ``screening.json`` (bench_screening.py, section 8) and ``lora_sync_before.json`` / ``lora_sync_after.json``
+(bench_lora_sync.py, section 9). ``--study learning_study.json
 --output STUDY.md`` instead writes the study alone (tables, Welch tests, the claims, ``STUDY.png``). Every number,
 comparison and verdict in the document is computed from those files (by ``benchmarks/reporting/``; this file parses
 the command line and assembles the document), so a rerun of ``benchmarks/run_all.sh`` regenerates the whole
@@ -25,6 +26,7 @@ from reporting.sections import (
     evaluate_section,
     forward_section,
     gpu_forward_section,
+    lora_sync_section,
     memory_section,
     plot_step_cost,
     selection_section,
@@ -115,6 +117,9 @@ def main(argv=None):
         document += [*evaluate_section(json.loads((results / "evaluate.json").read_text()), 7), ""]
     if (results / "screening.json").exists():
         document += [*screening_section(json.loads((results / "screening.json").read_text()), 8), ""]
+    if (results / "lora_sync_after.json").exists():
+        before, after = (json.loads((results / f"lora_sync_{side}.json").read_text()) for side in ("before", "after"))
+        document += [*lora_sync_section(before, after, 9), ""]
     Path(options.output).write_text("\n".join(document))
     print(f"wrote {options.output} and the plots in {results}")
 

@@ -13,11 +13,17 @@ weights outside the LoRA layers never change, and the engine loaded them from th
 sent: the sync moves the adapted layers only, less than upstream's full sync. Adapter tensors are not sent.
 
 The transport is upstream's own (NCCL or gloo broadcast, Ray collective, CUDA IPC under colocation, the prefix
-cache reset): upstream's ``broadcast_to_vllm`` runs once per LoRA layer with the trainer's actor standing in as a
-model whose parameters are that layer's merged weight; only the last call tells the engines that the sync ends
-(``empty_cache``). Under ZeRO-3 each layer's parameters are gathered by themselves, merged and released before
-the next, so the sync holds one layer whole at a time, as upstream holds one parameter. The deltas are summed
-onto W in fp32 and cast back to W's dtype.
+cache reset): upstream's ``broadcast_to_vllm`` runs once per bucket of merged weights, with the trainer's actor
+standing in as a model whose parameters are that bucket. A bucket holds at most :data:`BUCKET_BYTES` of merged
+weights (a layer larger than that goes alone). Under ZeRO-3 each layer's parameters are gathered by themselves,
+merged and released before the next, so the sync holds one layer whole at a time plus one bucket of merged copies.
+The deltas are summed onto W in fp32 and cast back to W's dtype.
+
+A sync still costs what one upstream sync costs: what upstream's method does once per call is done once per sync
+(:func:`_bucket_of_a_sync`): the prefix-cache reset (in the last bucket's call, so no cache block computed from
+half-synced weights survives), ``torch.cuda.empty_cache`` at the start (first call) and at the end (last call),
+the closing barrier (last call), and the engines' end-of-sync signal (``empty_cache`` on the last weight). The
+per-weight work (one ``update_weight`` and broadcast each, and under CUDA IPC a barrier each) is upstream's own.
 
 With LoRA off the sync is upstream's, unchanged.
 """
@@ -25,6 +31,7 @@ With LoRA off the sync is upstream's, unchanged.
 from __future__ import annotations
 
 import contextlib
+import sys
 import types
 from typing import Iterator, List, Optional, Tuple
 
@@ -111,6 +118,14 @@ def _as_synced(name: str, tensor: torch.Tensor) -> Tuple[str, torch.Tensor]:
     return name, tensor
 
 
+# A bucket's merged copies are what a sync holds beyond the training state (besides one gathered layer). The
+# transport sends one tensor at a time whatever the bucket, so a larger bucket buys only fewer calls into
+# upstream's method (under a millisecond each here, benchmarks/RESULTS.md section 9); 256 MiB keeps the sync's
+# extra memory, with the largest adapted layer of a 7B model (an MLP projection, 136 MiB in bf16), below the
+# 1 GiB input embedding that upstream's own full sync of such a model gathers whole.
+BUCKET_BYTES = 256 * 2**20
+
+
 class MergedLoRASync:
     """Mixin for ``ActorPPOTrainer``: under LoRA, ``broadcast_to_vllm`` syncs merged weights (module docstring)."""
 
@@ -121,36 +136,79 @@ class MergedLoRASync:
             return super().broadcast_to_vllm()
         _refuse_tied_embedding_adapters(model, layers)
         in_layers = {id(p) for _, layer in layers for p in layer.parameters()}
-        trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad and id(p) not in in_layers]
-        for index, (name, layer) in enumerate(layers):
+        # e.g. modules_to_save: real parameters, which upstream's loop gathers one at a time under ZeRO-3
+        trainable = [
+            (base_name(n), p) for n, p in model.named_parameters() if p.requires_grad and id(p) not in in_layers
+        ]
+        bucket, size, first = [], 0, True
+        for name, layer in layers:
             with _gathered(list(layer.parameters())):
                 weight = merged_weight(layer)
-            last = index == len(layers) - 1 and not trainable
-            self._upstream_sync([_as_synced(base_name(name) + ".weight", weight)], last)
+            nbytes = weight.numel() * weight.element_size()
+            if bucket and size + nbytes > BUCKET_BYTES:
+                self._upstream_sync(bucket, first, last=False)
+                bucket, size, first = [], 0, False
+            bucket.append(_as_synced(base_name(name) + ".weight", weight))
+            size += nbytes
             del weight
-        if trainable:  # e.g. modules_to_save; upstream's loop gathers each under ZeRO-3
-            self._upstream_sync([(base_name(n), p) for n, p in trainable], last=True)
+        self._upstream_sync(bucket + trainable, first, last=True)
 
-    def _upstream_sync(self, weights: List[Tuple[str, torch.Tensor]], last: bool) -> None:
-        """Upstream's ``broadcast_to_vllm`` with ``weights`` as the named parameters of the model it reads; its
-        end-of-sync signal to the engines (``empty_cache`` on the last weight) only when ``last``."""
-        actor, engines = self.actor, self.vllm_engines
+    def _upstream_sync(self, weights: List[Tuple[str, torch.Tensor]], first: bool, last: bool) -> None:
+        """Upstream's ``broadcast_to_vllm`` with ``weights`` as the named parameters of the model it reads, as the
+        ``first`` and / or ``last`` call of a sync (:func:`_bucket_of_a_sync`)."""
+        actor, engines, strategy = self.actor, self.vllm_engines, self.strategy
         # upstream reads self.actor.model.module.named_parameters() and, for vision-language models, is_vlm
         self.actor = types.SimpleNamespace(
             model=types.SimpleNamespace(module=types.SimpleNamespace(named_parameters=lambda: iter(weights))),
             is_vlm=False,  # the weights are chosen here; upstream's VLM filter keeps trainable ones only
         )
-        if engines is not None and not last:
-            self.vllm_engines = [_MidSync(engine) for engine in engines]
+        if not last:
+            if engines is not None:
+                self.vllm_engines = [_MidSync(engine) for engine in engines]
+            self.strategy = _without_prefix_cache_reset(strategy)
+        upstream = super().broadcast_to_vllm
         try:
-            super().broadcast_to_vllm()
+            with _bucket_of_a_sync(upstream.__func__, first, last):
+                upstream()
         finally:
-            self.actor, self.vllm_engines = actor, engines
+            self.actor, self.vllm_engines, self.strategy = actor, engines, strategy
+
+
+def _without_prefix_cache_reset(strategy):
+    """The strategy as upstream's ``broadcast_to_vllm`` reads it (``strategy.args``), with prefix caching off: the
+    call resets no cache."""
+    args = strategy.args
+    vllm = types.SimpleNamespace(**{**vars(args.vllm), "enable_prefix_caching": False})
+    return types.SimpleNamespace(args=types.SimpleNamespace(**{**vars(args), "vllm": vllm}))
+
+
+@contextlib.contextmanager
+def _bucket_of_a_sync(upstream, first: bool, last: bool):
+    """Upstream's ``broadcast_to_vllm`` (the function ``upstream``) as one call of a sync made of several: its
+    opening ``torch.cuda.empty_cache`` only in the ``first`` call, its closing one and its closing barrier only in
+    the ``last``. The barriers CUDA IPC takes after each weight (from a helper of the method) are kept."""
+    empty_cache, barrier = torch.cuda.empty_cache, upstream.__globals__["torch_dist_barrier_and_cuda_sync"]
+    opening = [True]
+
+    def sync_empty_cache():
+        keep = first if opening[0] else last
+        opening[0] = False
+        if keep:
+            empty_cache()
+
+    def sync_barrier():
+        closing = sys._getframe(1).f_code.co_name == upstream.__name__
+        if last or not closing:
+            barrier()
+
+    with swapped_globals(torch.cuda, empty_cache=sync_empty_cache):
+        with swapped_globals(upstream, torch_dist_barrier_and_cuda_sync=sync_barrier):
+            yield
 
 
 class _MidSync:
     """An engine handle whose weight updates never say the sync ends (``empty_cache=False``): an engine that acts
-    at the end of a sync (the CPU runtime's reloads its weights then) acts once per sync, not once per layer."""
+    at the end of a sync (the CPU runtime's reloads its weights then) acts once per sync, not once per bucket."""
 
     _WEIGHT_UPDATES = ("update_weight", "update_weight_cuda_ipc")
 

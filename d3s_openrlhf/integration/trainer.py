@@ -29,6 +29,7 @@ at the D3S subclasses for the duration of that constructor (in its own Ray worke
 
 from __future__ import annotations
 
+import inspect
 from typing import Dict, Tuple
 
 import ray
@@ -42,6 +43,7 @@ from openrlhf.trainer.ppo_trainer_async import (
 from d3s_openrlhf.integration.eval_metrics import PassAtKGenerateSamplesActorBase, PassAtKPPOTrainerBase
 from d3s_openrlhf.integration.experience_maker import D3SExperienceMaker
 from d3s_openrlhf.integration.host import config_from_args, rollout_steps, scaled_max_steps
+from d3s_openrlhf.integration.liveness import WatchingRay, engine_names
 from d3s_openrlhf.integration.samples_generator import STATE_KEY as GENERATION_STATE_KEY
 from d3s_openrlhf.integration.samples_generator import D3SSamplesGenerator
 from d3s_openrlhf.integration.seams import remote_like, swapped_globals
@@ -133,6 +135,13 @@ class _D3SPPOTrainer(D3STrainerMixin, PassAtKPPOTrainerBase):
         # the LR-scheduler horizon openrlhf.cli.train_ppo_ray builds the actors with
         return scaled_max_steps(self.args, self.d3s, super().get_max_steps(), self.d3s_rollout_steps)
 
+    def fit(self, global_step: int = 0) -> None:
+        # a dead engine fails generation's own waits, but not the weight sync's: the policy actors block sending to
+        # it; every wait of upstream's loop watches the engines (integration/liveness.py)
+        upstream = super().fit
+        with swapped_globals(upstream.__func__, ray=WatchingRay(engine_names(self.vllm_engines))):
+            upstream(global_step)
+
 
 class _D3STrainingActor(D3STrainerMixin, TrainingActor.__ray_actor_class__):
     """Async training actor: the horizon is set by ``D3SPPOTrainerAsync`` from the generator actor."""
@@ -168,7 +177,8 @@ D3SGenerateSamplesActor = remote_like(GenerateSamplesActor, _D3SGenerateSamplesA
 
 
 class _D3SPPOTrainerAsync(PPOTrainerAsync.__ray_actor_class__):
-    """Async trainer whose generator and training actors are the D3S ones."""
+    """Async trainer whose generator and training actors are the D3S ones, and whose wait on them watches them and
+    the engines."""
 
     def __init__(self, *args, **kwargs):
         upstream_init = super().__init__
@@ -176,8 +186,17 @@ class _D3SPPOTrainerAsync(PPOTrainerAsync.__ray_actor_class__):
             upstream_init.__func__, TrainingActor=D3STrainingActor, GenerateSamplesActor=D3SGenerateSamplesActor
         ):
             upstream_init(*args, **kwargs)
+        self.d3s_vllm_engines = inspect.signature(upstream_init).bind(*args, **kwargs).arguments["vllm_engines"]
         steps = ray.get(self.generator_actor.d3s_rollout_steps.remote())
         ray.get(self.trainer_actor.set_d3s_rollout_steps.remote(steps))
+
+    def fit(self) -> None:
+        # the generator and training actors wait on each other through queues and a lock: one blocked by a dead
+        # engine (the weight sync to it) or a dead peer blocks the other, and upstream's ray.get on both for ever
+        actors = {"the generator actor": self.generator_actor, "the training actor": self.trainer_actor}
+        upstream = super().fit
+        with swapped_globals(upstream.__func__, ray=WatchingRay({**actors, **engine_names(self.d3s_vllm_engines)})):
+            upstream()
 
 
 D3SPPOTrainerAsync = remote_like(PPOTrainerAsync, _D3SPPOTrainerAsync)

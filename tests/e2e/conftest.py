@@ -25,9 +25,9 @@ MARKER = "D3S_E2E_RUN"
 RUN_TIMEOUT_S = 400  # a run takes 40-90 s here; a hang (e.g. a placement group without GPUs) must not stall CI
 
 
-def marked_processes(run_id):
-    """PIDs of live processes whose environment carries ``MARKER=run_id``."""
-    needle = f"{MARKER}={run_id}".encode()
+def marked_processes(run_id, marker=MARKER):
+    """PIDs of live processes whose environment carries ``marker=run_id``."""
+    needle = f"{marker}={run_id}".encode()
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -83,15 +83,15 @@ class Run:
 
 @pytest.fixture
 def run_pipeline(tmp_path):
-    """``run_pipeline(module, args, name=..., env_flag=False, env=None) -> Run``: one run, its metrics, leftover
-    processes.
+    """``run_pipeline(module, args, name=..., env_flag=False, env=None, on_line=None) -> Run``: one run, its
+    metrics, leftover processes.
 
     The run goes through the launcher (``python -m d3s_openrlhf.cli.cpu module ...``), or with ``env_flag`` through
     ``D3S_OPENRLHF_CPU=1 python -m module ...`` (the module then activates the runtime itself). ``env`` adds
-    environment variables.
+    environment variables; ``on_line`` is called with each line of the run's output as it comes.
     """
 
-    def run(module, args, name="run", env_flag=False, env=None):
+    def run(module, args, name="run", env_flag=False, env=None, on_line=None):
         run_id = uuid.uuid4().hex
         env = dict(os.environ, **(env or {}), **{MARKER: run_id})
         env.pop("RAY_ADDRESS", None)
@@ -103,7 +103,7 @@ def run_pipeline(tmp_path):
             command = pipeline.launcher_command(module, args)
         log = str(tmp_path / f"{name}.log")
         try:
-            rc = pipeline.run_logged(command, log, env=env, timeout=RUN_TIMEOUT_S)
+            rc = pipeline.run_logged(command, log, on_line=on_line, env=env, timeout=RUN_TIMEOUT_S)
         except TimeoutError:
             rc = f"none: killed after {RUN_TIMEOUT_S}s"
         return Run(rc, log, read_train_scalars(str(tmp_path / name / "tensorboard")), leftover_processes(run_id))

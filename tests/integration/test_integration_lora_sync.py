@@ -1,11 +1,12 @@
 """The merged LoRA weight sync around upstream's real ``ActorPPOTrainer.broadcast_to_vllm``.
 
 Real: a PEFT LoRA model on a tiny Llama (tied embeddings, as the toy and small Qwen2 models), upstream's
-``broadcast_to_vllm`` (its broadcast transport, run once per LoRA layer), a one-rank gloo group for its barrier.
+``broadcast_to_vllm`` (its broadcast transport, run once per bucket), a one-rank gloo group for its barrier.
 Stand-ins: the vLLM engines (they record ``update_weight`` calls) and the model-update group (it records what is
 broadcast); PEFT's own ``merge_and_unload`` is the reference for the merged weights.
 """
 
+import contextlib
 import copy
 from types import SimpleNamespace as NS
 
@@ -16,6 +17,7 @@ import torch
 peft = pytest.importorskip("peft")
 
 from d3s_openrlhf.integration.actor import D3SActorPPOTrainer  # noqa: E402
+from d3s_openrlhf.integration import lora_sync  # noqa: E402
 from d3s_openrlhf.integration.lora_sync import (  # noqa: E402
     LoRASyncActorPPOTrainer,
     base_name,
@@ -62,8 +64,12 @@ class Recorder:
     """The vLLM engines and the model-update group of a broadcast sync: what reaches the engines, by name."""
 
     def __init__(self):
-        self.calls, self.received, self.ends = [], {}, []
+        self.calls, self.received, self.ends, self.resets = [], {}, [], 0
         self.update_weight = NS(remote=self._update_weight)
+        self.reset_prefix_cache = NS(remote=self._reset_prefix_cache)
+
+    def _reset_prefix_cache(self):
+        self.resets += 1
 
     def _update_weight(self, name, dtype, shape, empty_cache):
         self.calls.append((name, dtype, tuple(shape)))
@@ -76,19 +82,32 @@ class Recorder:
         self.received[name] = tensor.detach().clone()
 
 
-def trainer_for(model, cls, monkeypatch, zero_stage=2):
-    """A trainer with what ``broadcast_to_vllm`` reads (its __init__ builds optimizers and a replay buffer)."""
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+def trainer_for(model, cls, monkeypatch, zero_stage=2, prefix_caching=False):
+    """A trainer with what ``broadcast_to_vllm`` reads (its __init__ builds optimizers and a replay buffer); the
+    recorder also counts the sync's ``torch.cuda.empty_cache`` calls and barriers (``.costs``)."""
+    costs = {"empty_cache": 0, "barrier": 0}
+
+    def count(key, call=None):
+        def spy(*args, **kwargs):
+            costs[key] += 1
+            return call(*args, **kwargs) if call else None
+
+        return spy
+
+    monkeypatch.setattr(torch.cuda, "empty_cache", count("empty_cache"))
+    barrier = ppo_actor.torch_dist_barrier_and_cuda_sync
+    monkeypatch.setattr(ppo_actor, "torch_dist_barrier_and_cuda_sync", count("barrier", barrier))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **k: None)
     monkeypatch.setattr(ppo_actor, "ray", NS(get=lambda refs: refs))  # the stand-in engines answer at once
     recorder = Recorder()
+    recorder.costs = costs
     trainer = object.__new__(cls)
     trainer.actor = NS(model=NS(module=model), is_vlm=False)
     trainer.strategy = NS(
         args=NS(
             ds=NS(zero_stage=zero_stage, tensor_parallel_size=1),
-            vllm=NS(enable_prefix_caching=False, sync_with_ray=False),
+            vllm=NS(enable_prefix_caching=prefix_caching, sync_with_ray=False),
         )
     )
     trainer.vllm_engines = [recorder]
@@ -197,3 +216,67 @@ def test_plain_lora_is_no_variant_whatever_the_peft_version(peft_api):
         if peft_api.startswith("use_dora"):
             del layer.lora_variant
         assert lora_variant(layer, "default") is None
+
+
+def sync_costs(recorder):
+    return dict(recorder.costs, resets=recorder.resets, ends=sum(recorder.ends), weights=len(recorder.calls))
+
+
+@pytest.mark.parametrize("bucket_bytes", [1, 3000, 2**30], ids=["layer_per_bucket", "few_buckets", "one_bucket"])
+@pytest.mark.parametrize("cls", [LoRASyncActorPPOTrainer, D3SActorPPOTrainer])
+def test_a_lora_sync_costs_what_one_upstream_sync_costs(cls, bucket_bytes, process_group, monkeypatch):
+    # upstream's own sync of a model without LoRA: its per-sync costs, spied on the real calls it makes
+    trainer, recorder = trainer_for(tiny_llama(), cls, monkeypatch, prefix_caching=True)
+    trainer.broadcast_to_vllm()
+    upstream = sync_costs(recorder)
+    assert (upstream["resets"], upstream["empty_cache"], upstream["barrier"], upstream["ends"]) == (1, 2, 1, 1)
+
+    monkeypatch.setattr(lora_sync, "BUCKET_BYTES", bucket_bytes)
+    model = with_lora(tiny_llama())
+    trainer, recorder = trainer_for(model, cls, monkeypatch, prefix_caching=True)
+    trainer.broadcast_to_vllm()
+    lora = sync_costs(recorder)
+    assert lora.pop("weights") == len(lora_layers(model)) and upstream.pop("weights") > len(lora_layers(model))
+    assert lora == upstream
+
+
+def test_buckets_hold_at_most_the_bound_and_zero3_gathers_one_layer_at_a_time(process_group, monkeypatch):
+    model = with_lora(tiny_llama(), ["q_proj", "gate_proj", "down_proj"])
+    layers = lora_layers(model)
+    sizes = {base_name(name) + ".weight": layer.get_base_layer().weight.numel() * 4 for name, layer in layers}
+    bound = max(sizes.values()) + min(sizes.values())  # some buckets of two layers, some of one
+    monkeypatch.setattr(lora_sync, "BUCKET_BYTES", bound)
+    buckets, gathered = [], []
+    upstream_sync = lora_sync.MergedLoRASync._upstream_sync
+
+    def recorded_sync(self, weights, first, last):
+        buckets.append([name for name, _ in weights])
+        upstream_sync(self, weights, first, last)
+
+    def recorded_gather(params):
+        gathered.append({id(p) for p in params})
+        return contextlib.nullcontext()
+
+    monkeypatch.setattr(lora_sync.MergedLoRASync, "_upstream_sync", recorded_sync)
+    monkeypatch.setattr(lora_sync, "_gathered", recorded_gather)
+    trainer, recorder = trainer_for(model, LoRASyncActorPPOTrainer, monkeypatch, zero_stage=3)
+    trainer.broadcast_to_vllm()
+
+    assert [name for bucket in buckets for name in bucket] == list(sizes)  # every layer once, in order
+    assert len(buckets) < len(sizes) and any(len(bucket) > 1 for bucket in buckets)
+    for bucket, following in zip(buckets, buckets[1:] + [[]]):
+        held = sum(sizes[name] for name in bucket)
+        assert held <= bound  # and a bucket closes only when the next layer would not fit
+        assert not following or held + sizes[following[0]] > bound
+    assert gathered == [{id(p) for p in layer.parameters()} for _, layer in lora_layers(model)]
+
+
+def test_a_layer_larger_than_the_bound_goes_alone(process_group, monkeypatch):
+    monkeypatch.setattr(lora_sync, "BUCKET_BYTES", 1)
+    model = with_lora(tiny_llama(), ["q_proj", "v_proj"])
+    reference = copy.deepcopy(model).merge_and_unload().state_dict()
+    trainer, recorder = trainer_for(model, LoRASyncActorPPOTrainer, monkeypatch)
+    trainer.broadcast_to_vllm()
+    assert list(recorder.received) == [base_name(name) + ".weight" for name, _ in lora_layers(model)]
+    for name, tensor in recorder.received.items():
+        torch.testing.assert_close(tensor, reference[name], atol=0, rtol=0)
