@@ -3,7 +3,8 @@ under ZeRO-3 on 2 ranks, LoRA, a tied Qwen2 embedding large enough for ZeRO-3 to
 1e5-element persistence threshold; at a 512 vocabulary nothing is partitioned and nothing fails), packing,
 gradient checkpointing, temperature 0.7. It depends on the random model, not on the data: of models 1000-1002,
 1002 fails at every batch on both ranks (a few positions of each, log-prob and entropy alike), the others never
-(2026-11-25, CPU). Strict xfail: once fixed, this fails as XPASS and the marker goes.
+(2026-11-25, CPU). Not a strict xfail: the cause is unknown, so whether another machine reproduces it is too (an
+XPASS is reported, not failed); once fixed, the marker goes.
 
 Real: DeepSpeed ZeRO-3 on two gloo processes, OpenRLHF's ``Actor`` loaded from a checkpoint under ``zero.Init``,
 PEFT, ``head_free_log_probs``; the CPU runtime's stand-ins (flash-attention, CUDA calls). Slow (about a minute).
@@ -22,7 +23,7 @@ SCRIPT = Path(__file__).with_name("zero3_head_free_check.py")
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="issue 30 item 5: cause not found yet")
+@pytest.mark.xfail(strict=False, raises=AssertionError, reason="issue 30 item 5: cause not found yet")
 def test_head_free_forward_is_finite_under_zero3_with_a_partitioned_tied_embedding():
     env = dict(os.environ, VOCAB="4096", PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     run = subprocess.run(
