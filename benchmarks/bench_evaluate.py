@@ -24,24 +24,14 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
+from bench_selection import cpu_model
+
 HERE = Path(__file__).resolve().parent
-
-
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def main(argv=None):
@@ -111,7 +101,7 @@ def main(argv=None):
     median = {name: statistics.median(values) for name, values in times.items()}
     document = {
         "date": datetime.date.today().isoformat(),
-        "machine": f"{cpu_name()}, {os.cpu_count()} CPUs" + (", GPU" if torch.cuda.is_available() else ""),
+        "machine": f"{cpu_model()}, {os.cpu_count()} CPUs" + (", GPU" if torch.cuda.is_available() else ""),
         "command": "PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_evaluate.py "
         f"--prompts {options.prompts} --n {options.n} --max-new-tokens {options.max_new_tokens} "
         f"--repeats {options.repeats}",
