@@ -5,13 +5,15 @@ Run from the repository root (parts and methods can run alone; each run appends 
     .venv/bin/python benchmarks/bench_learning.py [--task d3s_openrlhf.tasks.chainsum] [--parts pods d3s]
         [--methods ...] [--seeds 0 1 2] [--steps 100] [--precision fp32] [--out benchmarks/results]
     .venv/bin/python benchmarks/bench_learning.py --quick --out /tmp/quick   # the whole chain in 11 minutes
+    .venv/bin/python benchmarks/bench_learning.py --parts screen [--regimes passes fresh] [--seeds 0 1 2]
+        # the generation level's study: OUT/generation_study.json, section 6 of RESULTS.md
 
 One SFT warm start per task and seed 0 (``pipeline.prepare``: tokenizer, 2-layer Llama, SFT, reward file from the
 task module) is shared by every run. Every run is ``d3s_openrlhf.cli.train_ppo_ray`` on the CPU runtime with
 ``--train.seed SEED``, ``PROMPTS`` prompts per step, lr 2e-4, train batch 32; the methods differ only in the
 rollouts generated per prompt and their ``--d3s.*`` flags. SFT and RL run in float32 (the CPU launcher's
 ``--fp32``; ``--precision bf16`` for upstream's bf16, which CPUs without native bf16 emulate about 9x slower).
-Two parts:
+Three parts:
 
 - ``pods`` (PODS as published, n = 4m): GRPO generating and training n = m = 4 rollouts per prompt, against PODS
   generating n = 16 and training m = 4 (advantages over the kept subset) with each of PODS's rules: max-variance
@@ -21,6 +23,13 @@ Two parts:
   (cross-group, linear N 4 -> 12 and K 0.2 -> 0.5) and D3S-I (D3S with intra-group selection). D2S against D3S
   isolates the schedule: the same mean N and K. K is scaled to our responses (20-44 tokens, a few of which
   decide correctness), not the paper's 5% -> 20% of long chains of thought.
+
+- ``screen`` (the generation level at fixed steps, run alone: ``generation_study.json``): GRPO, GRPO + upstream's
+  dynamic filtering (GRESO's baseline), GRPO + screening (pilots of k = 4 of G = 16), D3S, and D3S + screening + the
+  history prior. Every arm trains the same ``--steps`` (150) rollout steps: the arms that drop prompts by
+  ``--d3s.schedule_steps``, cycling over the data as they need, the others by whole passes. Two regimes: ``passes``
+  (the first ``--pool`` 200 prompts, 6 passes) and ``fresh`` (a 4000-prompt split, one pass). The screening arms
+  complete 10% of their screened-out prompts (``--d3s.pilot_audit``) to count false rejects.
 
 GRPO runs as ``--d3s.preset d1s`` with N = G (nothing dropped: upstream's batch path, the same update as D3S off)
 so that it logs the share of zero-variance groups like the other methods.
@@ -88,15 +97,23 @@ PARTS = {
         "D3S-I": (G, ["--d3s.preset", "d3s-i", *_n(4, 12), "--d3s.k_init", 0.2, "--d3s.k_final", 0.5]),
     },
 }
-SKIP_EPOCHS = 7  # the skip part: passes over the same RL prompts (history needs prompts that recur)
-SKIP = ["--d3s.prompt_skip", "history"]
-PARTS["skip"] = {
+# the screen part: the generation level at fixed steps, every arm training SCREEN_STEPS rollout steps
+SCREEN_STEPS = 150
+PILOT = 4  # pilot rollouts of k of G = 16 (Pilot-Commit pilots a quarter of its group)
+AUDIT = 0.1  # share of the screened-out prompts completed to count false rejects (--d3s.pilot_audit)
+PASSES_PROMPTS = 200  # the "passes" regime's RL prompts, cycled (6 passes at 150 steps of 8)
+FRESH_PROMPTS = 4000  # the screen part's RL split: the "fresh" regime draws from it without cycling
+REGIMES = ("passes", "fresh")
+DYNAMIC_FILTERING = ["--algo.dynamic_filtering_enable"]  # upstream's range (0, 1): drops flat 0/1 groups
+SCREEN = ["--d3s.pilot_rollouts", PILOT, "--d3s.pilot_audit", AUDIT]
+PARTS["screen"] = {
     "GRPO": PARTS["d3s"]["GRPO"],
-    "GRPO+skip": (G, PARTS["d3s"]["GRPO"][1] + SKIP),
+    "GRPO+DF": (G, PARTS["d3s"]["GRPO"][1] + DYNAMIC_FILTERING),
+    "GRPO+screen": (G, PARTS["d3s"]["GRPO"][1] + SCREEN),
     "D3S": PARTS["d3s"]["D3S"],
-    "D3S+skip": (G, PARTS["d3s"]["D3S"][1] + SKIP),
+    "D3S+screen+history": (G, PARTS["d3s"]["D3S"][1] + SCREEN + ["--d3s.prompt_skip", "history"]),
 }
-RESULTS_FILES = {"pods": "learning_study.json", "d3s": "learning_study.json", "skip": "prompt_skip.json"}
+RESULTS_FILES = {"pods": "learning_study.json", "d3s": "learning_study.json", "screen": "generation_study.json"}
 KEYS = (
     "rollout/reward_mean",
     "rollout/response_length_mean",
@@ -110,10 +127,15 @@ KEYS = (
     "d3s/entropy_all",
     "d3s/select_time_s",
     "d3s/skipped_prompts",
-    "d3s/skip_base",
+    "d3s/skip_candidates",
     "d3s/pilots",
     "d3s/screened_prompts",
+    "d3s/carried_pilots",
+    "d3s/audited_prompts",
+    "d3s/false_rejects",
+    "d3s/passes",
     "d3s/generated_tokens",
+    "dynamic_filtering_pass_rate",
     "timing/generation",
     "timing/make_experience",
     "timing/ppo_train",
@@ -123,27 +145,61 @@ KEYS = (
 CHECKPOINT = re.compile(r"global_step(\d+)_hf$")
 
 
-def rl_config(prepared, part, method, seed, steps, eval_every, prompts=PROMPTS, fp32=True):
-    """The run's configuration; ``steps`` per pass over the prompts, ``SKIP_EPOCHS`` passes in the skip part, where
-    every arm trains the steps of those passes without skipping (--d3s.schedule_steps: the fixed steps that prompt
-    skipping needs, and the D3S schedule's horizon)."""
+def drops_prompts(part, method):
+    """Whether the arm drops prompts before training (screening, skipping, dynamic filtering): it then trains the
+    fixed --d3s.schedule_steps, cycling over the prompts as it needs."""
+    flags = PARTS[part][method][1]
+    return any(flag in flags for flag in ("--d3s.pilot_rollouts", "--d3s.prompt_skip", *DYNAMIC_FILTERING))
+
+
+def rl_config(prepared, part, method, seed, steps, eval_every, prompts=PROMPTS, fp32=True, pool=None):
+    """The run's configuration: ``steps`` rollout steps over the first ``pool`` RL prompts (all of them when None).
+
+    In the screen part every arm trains exactly ``steps`` steps with --d3s.schedule_steps ``steps``: the arms that
+    drop prompts by their fixed steps, cycling over the pool as often as they need, the others by upstream's passes
+    (the pool's batches x the episodes it takes; ``pool`` = ``steps`` x ``prompts`` is one pass of fresh prompts).
+    """
     group, flags = PARTS[part][method]
-    epochs = SKIP_EPOCHS if part == "skip" else 1
-    config = pipeline.demo_rl_config(pipeline.TaskConfig(), episodes=epochs, prepared=prepared)
+    pass_steps, episodes = steps, 1
     extra = list(flags)
-    if part == "skip":
-        extra += ["--d3s.schedule_steps", steps * epochs]
+    if part == "screen":
+        pass_steps = (pool or prepared_prompt_count(prepared)) // prompts
+        if not drops_prompts(part, method):
+            pass_steps = min(pass_steps, steps)
+            episodes = steps // pass_steps
+        extra += ["--d3s.schedule_steps", steps]
+    config = pipeline.demo_rl_config(pipeline.TaskConfig(), episodes=episodes, prepared=prepared)
     if eval_every:
         extra += ["--ckpt.save_steps", eval_every, "--ckpt.save_hf", "--ckpt.disable_ds"]
     return dataclasses.replace(
-        config, prompts_per_step=prompts, samples_per_prompt=group, steps=steps, seed=seed, extra=extra, fp32=fp32
+        config, prompts_per_step=prompts, samples_per_prompt=group, steps=pass_steps, seed=seed, extra=extra, fp32=fp32
     )
 
 
-def run(prepared, task, part, method, seed, workdir, steps, eval_every, samples, prompts=PROMPTS, fp32=True):
-    """One RL run and its held-out evaluations; returns the per-step metrics and the evaluation curve."""
-    config = rl_config(prepared, part, method, seed, steps, eval_every, prompts, fp32)
-    name = f"{part}-{method}-seed{seed}"
+def prepared_prompt_count(prepared):
+    with open(prepared.task.prompts) as handle:
+        return sum(1 for line in handle if line.strip())
+
+
+def run(
+    prepared,
+    task,
+    part,
+    method,
+    seed,
+    workdir,
+    steps,
+    eval_every,
+    samples,
+    prompts=PROMPTS,
+    fp32=True,
+    regime=None,
+    pool=None,
+):
+    """One RL run and its held-out evaluations; returns the per-step metrics and the evaluation curve. ``regime``
+    (screen part): "passes" over the first ``pool`` prompts, or "fresh" ones (``pool`` None)."""
+    config = rl_config(prepared, part, method, seed, steps, eval_every, prompts, fp32, pool)
+    name = f"{part}-{regime}-{method}-seed{seed}" if regime else f"{part}-{method}-seed{seed}"
     run_dir = os.path.join(workdir, name)
     command = pipeline.launcher_command(
         pipeline.D3S_ENTRYPOINT, pipeline.ppo_args(prepared.sft_model, prepared.task, run_dir, config), config.fp32
@@ -180,24 +236,33 @@ def load(path):
     return json.loads(Path(path).read_text()) if os.path.exists(path) else None
 
 
-def main(argv=None):
+def parse_options(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", default=DEFAULT_TASK, help="task module (import path or .py file)")
     parser.add_argument("--out", default=str(HERE / "results"), help="results directory")
     parser.add_argument("--workdir", default=None, help="scratch directory (default: OUT/learning_runs)")
     parser.add_argument(
-        "--parts", nargs="+", default=["pods", "d3s"], choices=list(PARTS), help="default: pods d3s; skip runs alone"
+        "--parts", nargs="+", default=["pods", "d3s"], choices=list(PARTS), help="default: pods d3s; screen runs alone"
     )
     parser.add_argument("--methods", nargs="+", default=None, help="only these methods (names as in PARTS)")
+    parser.add_argument("--regimes", nargs="+", default=list(REGIMES), choices=REGIMES, help="the screen part's")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument(
         "--steps",
         type=int,
         default=None,
-        help=f"RL steps per run (8 prompts each; default 100); in the skip part per pass over the prompts, "
-        f"{SKIP_EPOCHS} passes (default 24: 192 prompts, 168 steps without skipping)",
+        help=f"RL steps per run (8 prompts each; default 100, in the screen part {SCREEN_STEPS})",
     )
-    parser.add_argument("--eval-every", type=int, default=20, help="held-out evaluation every this many steps")
+    parser.add_argument(
+        "--pool",
+        type=int,
+        default=PASSES_PROMPTS,
+        help=f"the screen part's passes regime: RL prompts cycled over (default {PASSES_PROMPTS}; a multiple of "
+        "--prompts whose batches divide --steps)",
+    )
+    parser.add_argument(
+        "--eval-every", type=int, default=None, help="held-out evaluation every this many steps (default 20; screen: 25)"
+    )
     parser.add_argument("--eval-samples", type=int, default=4, help="sampled responses per held-out prompt")
     parser.add_argument("--prompts", type=int, default=PROMPTS, help="prompts per RL step")
     parser.add_argument(
@@ -210,53 +275,83 @@ def main(argv=None):
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="smoke-test the whole chain: SFT (1 epoch, 64 examples), every method 1 seed x 3 steps, evaluation "
-        "every 2 steps on 16 held-out prompts, and the report",
+        help="smoke-test the whole chain: SFT (1 epoch, 64 examples), every method 1 seed x 3 steps (the screen "
+        "part: the task's own SFT, 4 steps, a pool of 2 batches), evaluation every 2 steps on 16 held-out prompts, "
+        "and the report",
     )
     parser.add_argument("--no-report", action="store_true", help="skip report.py --study on the results")
     options = parser.parse_args(argv)
-    out = os.path.abspath(options.out)
-    workdir = os.path.abspath(options.workdir or os.path.join(out, "learning_runs"))
-    files = {RESULTS_FILES[part] for part in options.parts}
-    if len(files) > 1:
-        raise SystemExit("run the skip part alone (--parts skip): it has its own results file, prompt_skip.json")
-    results_path = os.path.join(out, files.pop())
+    screen = "screen" in options.parts
+    if screen and options.parts != ["screen"]:
+        raise SystemExit("run the screen part alone (--parts screen): it has its own results file")
+    if options.quick:
+        options.seeds, options.eval_every, options.eval_samples = [0], 2, 2
+        options.steps, options.pool = (4, 2 * options.prompts) if screen else (3, options.pool)
+    if options.steps is None:
+        options.steps = SCREEN_STEPS if screen else 100
+    if options.eval_every is None:
+        options.eval_every = 25 if screen else 20
+    batches = options.pool // options.prompts
+    if screen and "passes" in options.regimes and (options.pool % options.prompts or options.steps % batches):
+        raise SystemExit(
+            f"--pool {options.pool} must be a multiple of --prompts {options.prompts} whose batches ({batches}) "
+            f"divide --steps {options.steps}: the arms that drop no prompt train whole passes over it"
+        )
+    return options
+
+
+def task_overrides(options):
+    """The task config's overrides: the quick chain's sizes; the screen part's RL split, large enough that the fresh
+    regime never cycles."""
+    if options.parts == ["screen"]:  # the quick chain keeps the task's SFT: a weak warm start solves no prompt, so
+        # every pilot and group would be flat and the dropping arms would stop at their stall guard
+        return dict(n_prompts=4 * options.steps * options.prompts, n_heldout=16) if options.quick else dict(
+            n_prompts=FRESH_PROMPTS
+        )
+    return dict(n_sft=64, n_prompts=3 * options.prompts, n_heldout=16, sft_epochs=1) if options.quick else {}
+def prepare_task(options, task_config, workdir):
+    """The SFT warm start, shared by every part run alone with the same task split; ``(prepared, SFT seconds or None
+    when reused)``."""
+    task_name = re.sub(r"\W+", "_", options.task)
+    split = f"-prompts{task_config.n_prompts}" if options.parts == ["screen"] else ""
+    prepare_dir = os.path.join(workdir, f"task-{task_name}-{options.precision}{split}")
+    if os.path.exists(os.path.join(prepare_dir, "prepared.json")):
+        prepared = pipeline.Prepared(**load(os.path.join(prepare_dir, "prepared.json")))
+        return dataclasses.replace(prepared, task=pipeline.TaskFiles(**prepared.task)), None
+    started = time.time()
+    prepared = pipeline.prepare(
+        prepare_dir, task_config, log_path=os.path.join(workdir, "sft.log"), fp32=options.precision == "fp32"
+    )
+    Path(prepare_dir, "prepared.json").write_text(json.dumps(dataclasses.asdict(prepared)))
+    return prepared, time.time() - started
+
+
+def open_document(options, results_path):
+    """The results so far in ``results_path``, refused if they are another study's."""
     document = load(results_path) or {}
     recorded = {"quick": False, **document} if document else {}  # results from before the key are a full study
     for key, value in (("task", options.task), ("precision", options.precision), ("quick", options.quick)):
         if recorded.get(key, value) != value:  # one --out holds one study
             raise SystemExit(f"{results_path} holds results of {key} {recorded[key]}; give another --out")
+    return document
+
+
+def main(argv=None):
+    options = parse_options(argv)
+    out = os.path.abspath(options.out)
+    workdir = os.path.abspath(options.workdir or os.path.join(out, "learning_runs"))
+    results_path = os.path.join(out, RESULTS_FILES[options.parts[0]])
+    document = open_document(options, results_path)
     for directory in (out, workdir):  # out too when the runs go elsewhere: each result is saved as its run ends
         os.makedirs(directory, exist_ok=True)
-    overrides = {}
-    if options.quick:
-        overrides = dict(n_sft=64, n_prompts=3 * options.prompts, n_heldout=16, sft_epochs=1)
-        options.seeds, options.steps, options.eval_every, options.eval_samples = [0], 3, 2, 2
-    if options.steps is None:
-        options.steps = 24 if options.parts == ["skip"] else 100
-    task_config = pipeline.task_config(options.task, **overrides)
+    task_config = pipeline.task_config(options.task, **task_overrides(options))
     if options.prompts * options.steps > task_config.n_prompts:
         raise SystemExit(
             f"{options.steps} steps x {options.prompts} prompts need {options.prompts * options.steps} RL prompts; "
             f"the task config has {task_config.n_prompts}"
         )
-    selected = {
-        part: [m for m in PARTS[part] if options.methods is None or m in options.methods] for part in options.parts
-    }
-
-    task_name = re.sub(r"\W+", "_", options.task)
-    prepare_dir = os.path.join(workdir, f"task-{task_name}-{options.precision}")
     started = time.time()
-    if os.path.exists(os.path.join(prepare_dir, "prepared.json")):  # parts run alone share one SFT warm start
-        prepared = pipeline.Prepared(**load(os.path.join(prepare_dir, "prepared.json")))
-        prepared = dataclasses.replace(prepared, task=pipeline.TaskFiles(**prepared.task))
-        sft_seconds = None
-    else:
-        prepared = pipeline.prepare(
-            prepare_dir, task_config, log_path=os.path.join(workdir, "sft.log"), fp32=options.precision == "fp32"
-        )
-        sft_seconds = time.time() - started
-        Path(prepare_dir, "prepared.json").write_text(json.dumps(dataclasses.asdict(prepared)))
+    prepared, sft_seconds = prepare_task(options, task_config, workdir)
     evaluation = dict(task=options.task, max_new_tokens=prepared.max_new_tokens, samples=options.eval_samples)
     if "sft_heldout" not in document or sft_seconds is not None:  # a new warm start is evaluated anew
         document["sft_heldout"] = evaluate.heldout_accuracy(
@@ -271,40 +366,65 @@ def main(argv=None):
         machine=f"{cpu_model()}, {os.cpu_count()} CPUs",
         prompts_per_step=options.prompts,
         steps=options.steps,
-        epochs=SKIP_EPOCHS if options.parts == ["skip"] else 1,
         eval_every=options.eval_every,
         eval_samples=options.eval_samples,
     )
+    if options.parts == ["screen"]:
+        document.update(pool=options.pool, pilot=PILOT, audit=AUDIT)
     if sft_seconds is not None:
         document["sft_seconds"] = sft_seconds
-    for seed in options.seeds:  # seed-major: a drift of the machine's speed hits every method alike
-        for part, methods in selected.items():
-            for method in methods:
+    run_all(options, prepared, document, workdir, results_path)
+    print(f"wrote {results_path} ({time.time() - started:.0f}s)")
+    if not options.no_report:
+        report(options, results_path, out)
+    return results_path
+
+
+def run_all(options, prepared, document, workdir, results_path):
+    """Every selected run, seed-major (a drift of the machine's speed hits every method alike), each saved to
+    ``results_path`` as it ends; the screen part's under its regime's name."""
+    for seed in options.seeds:
+        for part in options.parts:
+            regimes = options.regimes if part == "screen" else [None]
+            methods = [m for m in PARTS[part] if options.methods is None or m in options.methods]
+            for regime, method in ((regime, method) for regime in regimes for method in methods):
                 result = run(
-                    prepared, options.task, part, method, seed, workdir, options.steps, options.eval_every,
-                    options.eval_samples, options.prompts, options.precision == "fp32",
-                )  # fmt: skip
+                    prepared,
+                    options.task,
+                    part,
+                    method,
+                    seed,
+                    workdir,
+                    options.steps,
+                    options.eval_every,
+                    options.eval_samples,
+                    options.prompts,
+                    options.precision == "fp32",
+                    regime=regime,
+                    pool=options.pool if regime == "passes" else None,
+                )
                 result["flags"] = [str(flag) for flag in PARTS[part][method][1]]
                 result["date"] = time.strftime("%Y-%m-%d")
-                document.setdefault("results", {}).setdefault(part, {}).setdefault(method, {})[str(seed)] = result
-                Path(results_path).write_text(json.dumps(document, indent=1))  # each run saved as it ends
+                results = document.setdefault("results", {}).setdefault(regime or part, {})
+                results.setdefault(method, {})[str(seed)] = result
+                Path(results_path).write_text(json.dumps(document, indent=1))
                 final = result["heldout"][-1]
                 print(
-                    f"{part}/{method} seed {seed}: held-out greedy {final['greedy']:.3f}, sampled "
+                    f"{regime or part}/{method} seed {seed}: held-out greedy {final['greedy']:.3f}, sampled "
                     f"{final['sampled']:.3f}; run {result['process_seconds']:.0f}s + eval {result['eval_seconds']:.0f}s",
                     flush=True,
                 )
-    print(f"wrote {results_path} ({time.time() - started:.0f}s)")
-    if not options.no_report:
-        if options.parts == ["skip"]:
-            from reporting.prompt_skip import skip_main
 
-            skip_main(results_path, os.path.join(out, "prompt_skip.md"))
-        else:
-            from report import study_main
 
-            study_main(results_path, os.path.join(out, "learning_study.md"))
-    return results_path
+def report(options, results_path, out):
+    if options.parts == ["screen"]:
+        from reporting.generation_study import generation_main
+
+        generation_main(results_path, os.path.join(out, "generation_study.md"))
+    else:
+        from report import study_main
+
+        study_main(results_path, os.path.join(out, "learning_study.md"))
 
 
 if __name__ == "__main__":

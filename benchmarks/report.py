@@ -4,7 +4,7 @@
 
 Reads ``step_cost.json`` (bench_step_cost.py), ``learning_study.json`` (bench_learning.py, section 2),
 ``selection.json`` (bench_selection.py), ``memory.json``, ``forward.json``, ``forward_gpu.json`` (where a GPU
-ran it), ``prompt_skip.json`` (bench_learning.py --parts skip, section 6), ``evaluate.json`` (bench_evaluate.py,
+ran it), ``generation_study.json`` (bench_learning.py --parts screen, section 6), ``evaluate.json`` (bench_evaluate.py,
 section 7), ``screening.json`` (bench_screening.py, section 8) and ``lora_sync_before.json`` / ``lora_sync_after.json``
 (bench_lora_sync.py, section 9). ``--study learning_study.json
 --output STUDY.md`` instead writes the study alone (tables, Welch tests, the claims, ``STUDY.png``). Every number,
@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 
 from reporting.claims import claims  # benchmarks/ is sys.path[0] when this file runs
-from reporting.prompt_skip import skip_section
+from reporting.generation_study import generation_section
 from reporting.screening import screening_section
 from reporting.sections import (
     evaluate_section,
@@ -111,8 +111,8 @@ def main(argv=None):
         document += [*forward_section(json.loads((results / "forward.json").read_text())), ""]
         gpu = results / "forward_gpu.json"
         document += [*gpu_forward_section(json.loads(gpu.read_text()) if gpu.exists() else None), ""]
-    if (results / "prompt_skip.json").exists():
-        document += [*skip_section(results / "prompt_skip.json", 6), ""]
+    if (results / "generation_study.json").exists():
+        document += [*generation_section(results / "generation_study.json", 6), ""]
     if (results / "evaluate.json").exists():
         document += [*evaluate_section(json.loads((results / "evaluate.json").read_text()), 7), ""]
     if (results / "screening.json").exists():

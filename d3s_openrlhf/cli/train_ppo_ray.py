@@ -80,14 +80,15 @@ def format_plan(config: D3SConfig, plan: Optional[D3SPlan], host_args=None, poin
         else:
             sample_text = f"all {plan.total} rollouts"
         lines.append(f"  {label}:  {sample_text}  K = {k:.4f}")
-    if config.generation_enabled:
+    if host.fixed_steps(config, host_args) is not None:
         lines.append(fixed_steps_line(config, host_args))
     lines += [f"note: {note}" for note in plan.notes]
     return "\n".join(lines)
 
 
 def fixed_steps_line(config: D3SConfig, host_args) -> str:
-    """The dry run's word on the fixed steps of skipping or screening: S, and the passes over the data it takes."""
+    """The dry run's word on the fixed steps: S, and the passes over the data it takes (more as prompts are skipped,
+    screened out or filtered)."""
     draws = config.schedule_steps * host_args.rollout.batch_size
     text = (
         f"fixed steps: the run trains --d3s.schedule_steps {config.schedule_steps} steps of "
@@ -95,9 +96,9 @@ def fixed_steps_line(config: D3SConfig, host_args) -> str:
     )
     prompts = host.local_prompt_count(host_args)
     if prompts is None:
-        return text + "; passes over the data = that / the dataset's size, more as prompts are skipped or screened"
+        return text + "; passes over the data = that / the dataset's size, more as prompts are dropped"
     passes = host.expected_passes(host_args, config, prompts)
-    return text + f": {passes:.2f} passes over {prompts} prompts at the least, more as prompts are skipped or screened"
+    return text + f": {passes:.2f} passes over {prompts} prompts at the least, more as prompts are dropped"
 
 
 # ── running upstream ──

@@ -161,8 +161,9 @@ class D3SConfig:
     schedule_steps: int = _option(
         0,
         "steps over which p goes from 0 to 1 (p = min(step / schedule_steps, 1)); 0 = the run's number of "
-        "rollout steps. With prompt skipping or screening (--d3s.prompt_skip, --d3s.pilot_rollouts) it is required "
-        "and the run trains exactly this many steps, cycling over the prompts as often as it takes",
+        "rollout steps. With prompt skipping or screening (--d3s.prompt_skip, --d3s.pilot_rollouts) it is required, "
+        "and with them or with --algo.dynamic_filtering_enable the run trains exactly this many steps, cycling over "
+        "the prompts as often as it takes",
         int,
     )
     token_scope: str = _option(

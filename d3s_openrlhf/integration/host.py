@@ -265,28 +265,32 @@ def kept_rollout_count(n: int, num_prompts: int, group_size: int, unit: int) -> 
 
 def steps_unknown_in_advance(args, config: D3SConfig) -> Optional[str]:
     """The flag that makes the run's number of steps unknown before it runs (steps consume a varying number of
-    prompts), or None: ``--algo.dynamic_filtering_enable`` replaces filtered prompts. With skipping or screening on
-    the run trains exactly ``--d3s.schedule_steps`` steps instead (:func:`fixed_steps`)."""
-    if args.algo.dynamic_filtering_enable and not config.generation_enabled:
+    prompts), or None: ``--algo.dynamic_filtering_enable`` replaces filtered prompts, unless the run trains a fixed
+    number of steps (:func:`fixed_steps`)."""
+    if args.algo.dynamic_filtering_enable and fixed_steps(config, args) is None:
         return "--algo.dynamic_filtering_enable"
     return None
 
 
-def fixed_steps(config: D3SConfig) -> Optional[int]:
-    """The run's exact number of training steps when D3S decides which prompts are generated (skipping or
-    screening: ``--d3s.schedule_steps``, the prompts cycled as often as it takes), else None (upstream's passes)."""
-    return config.schedule_steps if config.generation_enabled else None
+def fixed_steps(config: D3SConfig, args) -> Optional[int]:
+    """The run's exact number of training steps, ``--d3s.schedule_steps`` with the prompts cycled as often as it
+    takes, when prompts are dropped before training: skipping or screening (where the config requires it), or
+    upstream's dynamic filtering with ``--d3s.schedule_steps`` set (GRESO's equal-steps baseline). Else None:
+    upstream's passes over the data."""
+    if config.generation_enabled or (args.algo.dynamic_filtering_enable and config.schedule_steps > 0):
+        return config.schedule_steps
+    return None
 
 
 def rollout_steps(num_prompts: int, args) -> int:
     """Rollout (= training) steps of a run over ``num_prompts`` prompts: one per rollout batch, every episode; the
-    fixed number with skipping or screening.
+    fixed number where the run has one (:func:`fixed_steps`).
 
     Exact unless ``steps_unknown_in_advance``: filtered prompts make steps consume more prompts, so the run has
     fewer steps than this (set ``--d3s.schedule_steps`` then).
     """
     config = config_from_args(args)
-    fixed = fixed_steps(config) if config is not None else None
+    fixed = fixed_steps(config, args) if config is not None else None
     if fixed is not None:
         return fixed
     return max(1, math.ceil(num_prompts / args.rollout.batch_size) * args.train.num_episodes)
@@ -329,7 +333,7 @@ def scaled_max_steps(args, cfg: D3SConfig, max_steps: int, run_steps: int) -> in
     """
     if max_steps <= 0:
         return max_steps
-    fixed = fixed_steps(cfg)
+    fixed = fixed_steps(cfg, args)
     if fixed is not None:
         run_steps = fixed
     elif steps_unknown_in_advance(args, cfg) and cfg.schedule_steps > 0:

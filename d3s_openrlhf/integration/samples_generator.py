@@ -4,8 +4,8 @@
 training batches (``_generate_vllm`` on the prompt dataloader's iterator; evaluation is untouched) draw prompts from
 a :class:`PromptStream`:
 
-* **Fixed steps.** With skipping or screening on (``D3SConfig.generation_enabled``) the stream cycles over the
-  dataloader's passes without end, so every batch holds B prompts; the generator serves exactly
+* **Fixed steps** (``host.fixed_steps``: skipping or screening on, or dynamic filtering with
+  ``--d3s.schedule_steps``). The stream cycles over the dataloader's passes without end, so every batch holds B prompts; the generator serves exactly
   ``--d3s.schedule_steps`` S training batches and then reports the data exhausted, which ends upstream's loops
   (sync and async) after S steps whatever ``--train.num_episodes`` says.
 * **Skipping** (``--d3s.prompt_skip history``): the stream asks the policy (``core.prompt_skip``) about each prompt
@@ -231,7 +231,7 @@ class D3SSamplesGenerator(SamplesGenerator):
     # ── the training batch ──
 
     def generate_samples(self, **generate_kwargs):
-        fixed = fixed_steps(self.d3s)
+        fixed = fixed_steps(self.d3s, self.args)
         if fixed is not None and self.steps_served >= fixed:
             return [], None, 0, True
         # the step's counts, every one logged (zeros for a step served from upstream's sample buffer)
@@ -275,7 +275,7 @@ class D3SSamplesGenerator(SamplesGenerator):
             return super()._generate_vllm(dataloader_iter, num_prompts, dynamic_filtering, **generate_kwargs)
         self._groups = defaultdict(list)  # a training batch: its tokens are counted, its groups observed
         try:
-            if not self.d3s.generation_enabled:
+            if fixed_steps(self.d3s, self.args) is None:
                 return super()._generate_vllm(dataloader_iter, num_prompts, dynamic_filtering, **generate_kwargs)
             if self.stream is None:  # upstream's first-pass iterator (a resumed dataloader continues where it was)
                 self.stream = PromptStream(dataloader_iter, self.prompts_dataloader, self.policy, **self._restored)

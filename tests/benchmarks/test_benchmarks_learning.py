@@ -282,55 +282,100 @@ def test_a_wall_time_ratio_within_the_machines_drift_is_not_resolved():
     assert any('"2.04x faster than GRPO": **not resolved at this scale**' in line and "1.90x" in line for line in lines)
 
 
-# -- the prompt-skip part (prompt_skip.json): the section and its verdict ------------------------------------------
-def synthetic_skip_study(d3s_skip_curve, d3s_skip_time=0.4, skipped=4.0):
-    def seeds(curve, step_time=1.0, skip=0.0, samples=128):
+# -- the screen part (generation_study.json): equal steps, the section and its verdict -----------------------------
+@pytest.mark.parametrize("regime, pool", [("passes", 200), ("fresh", None)])
+def test_every_arm_of_the_screen_part_trains_the_same_steps(regime, pool, tmp_path):
+    from d3s_openrlhf.cli.train_ppo_ray import resolve
+    from d3s_openrlhf.integration import host
+    from d3s_openrlhf.testbed import pipeline
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join('{"input": "q%d", "label": "a"}\n' % i for i in range(4000)))
+    files = pipeline.TaskFiles(sft="sft.jsonl", prompts=str(prompts), heldout="heldout.jsonl")
+    prepared = pipeline.Prepared(base_model="base", sft_model="sft", task=files, reward_file="r.py")
+    for method in bench_learning.PARTS["screen"]:
+        config = bench_learning.rl_config(prepared, "screen", method, 0, 150, 25, pool=pool)
+        argv = [str(flag) for flag in pipeline.ppo_args("sft", files, str(tmp_path), config)]
+        d3s, _, host_args, _ = resolve(argv)
+        fixed = host.fixed_steps(d3s, host_args)
+        if bench_learning.drops_prompts("screen", method):  # its fixed steps, over the pool cycled as it needs
+            assert fixed == 150 and config.steps * config.prompts_per_step == (pool or 4000), method
+        else:  # upstream's passes: whole ones over the pool, or one pass over fresh prompts
+            assert fixed is None and config.steps * config.episodes == 150, method
+            assert config.steps * config.prompts_per_step == (pool or 150 * 8), method
+            assert host.rollout_steps(config.steps * config.prompts_per_step, host_args) == 150
+
+
+def synthetic_generation_study(goal_curve, goal_time=0.4, screened=2.0):
+    """Two regimes of the five arms, 3 seeds, 4 steps, evaluations at steps 2 and 4; GRPO reaches its final 0.61 at
+    step 4 (4 s, 4 x 320 generated tokens); the goal arm generates 100 tokens a step."""
+
+    def seeds(curve, step_time=1.0, generated=320.0, screen=False):
         runs = {}
         for k in range(3):
             run = synthetic_run([g + 0.01 * k for g in curve], 1.0, 100.0, step_time)
             run.update(process_seconds=60.0, eval_seconds=5.0)
             for step in run["steps"]:
-                step["rollout/num_samples"] = samples
-                if skip:
-                    step["d3s/skipped_prompts"] = skip
+                step["d3s/generated_tokens"] = generated
+                if screen:
+                    step.update({"d3s/pilots": 8.0 + screened, "d3s/screened_prompts": screened})
+                    step.update({"d3s/audited_prompts": 1.0, "d3s/false_rejects": 0.5 if k else 0.0})
             runs[str(k)] = run
         return runs
 
+    arms = {
+        "GRPO": seeds([0.4, 0.6]),
+        "GRPO+DF": seeds([0.45, 0.6], step_time=1.3, generated=400.0),
+        "GRPO+screen": seeds([0.4, 0.6], step_time=0.7, generated=200.0, screen=True),
+        "D3S": seeds([0.5, 0.62], step_time=0.8),
+        "D3S+screen+history": seeds(goal_curve, step_time=goal_time, generated=100.0, screen=True),
+    }
     return {
         "task": "synthetic",
         "machine": "test",
         "prompts_per_step": 8,
         "steps": 4,
-        "epochs": 2,
         "eval_every": 2,
+        "pool": 16,
+        "pilot": 4,
+        "audit": 0.1,
         "sft_heldout": {"greedy": 0.2, "sampled": 0.2},
         "sft_seconds": 10.0,
-        "results": {
-            "skip": {
-                "GRPO": seeds([0.4, 0.6]),  # final 0.61 at step 4: 4 s, 4 x 128 x 20 tokens
-                "GRPO+skip": seeds([0.4, 0.6], step_time=0.7, skip=2.0, samples=96),
-                "D3S": seeds([0.5, 0.62], step_time=0.8),
-                "D3S+skip": seeds(d3s_skip_curve, step_time=d3s_skip_time, skip=skipped, samples=64),
-            }
-        },
+        "results": {"passes": arms, "fresh": json.loads(json.dumps(arms))},
     }
 
 
-def test_the_skip_section_and_its_verdict(tmp_path):
-    from reporting import prompt_skip
+def test_the_generation_study_section_and_its_verdict(tmp_path):
+    from reporting import generation_study
 
-    met = synthetic_skip_study([0.62, 0.66])  # GRPO's final at step 2: 0.8 s, 2 x 64 x 20 tokens
-    path = tmp_path / "prompt_skip.json"
+    met = synthetic_generation_study([0.62, 0.66])  # GRPO's final reached at step 2: 0.8 s, 2 x 100 tokens
+    path = tmp_path / "generation_study.json"
     path.write_text(json.dumps(met))
-    text = "\n".join(prompt_skip.skip_section(path, 6))
-    assert "**Met**: D3S + skip reached GRPO's final held-out greedy accuracy (0.610) with 0.25x" in text
-    assert "and 0.20x its wall time" in text
-    target, info = prompt_skip.skip_analysis(met)
-    assert info["D3S+skip"]["skip_thirds"] == [0.5] * 3  # 4 skipped of 4 + 64 / 16 = 8 prompts drawn
-    assert info["GRPO"]["skip_thirds"] == [0.0] * 3
-    slow = synthetic_skip_study([0.62, 0.66], d3s_skip_time=2.0)
-    assert "**Not met**" in prompt_skip.verdict(prompt_skip.skip_analysis(slow)[1])
-    never = synthetic_skip_study([0.3, 0.35])
-    assert "never reached" in prompt_skip.verdict(prompt_skip.skip_analysis(never)[1])
-    written = prompt_skip.skip_main(path, tmp_path / "skip.md")
-    assert Path(written).read_text().startswith("# Prompt skipping before generation on `synthetic`")
+    text = "\n".join(generation_study.generation_section(path, 6))
+    assert text.count("**Met** (") == 2 and "Several passes over 16 prompts" in text and "One pass over fresh" in text
+    assert "with 0.16x GRPO's generated tokens and 0.20x its wall time" in text  # 200 / 1280, 0.8 / 4
+    target, info = generation_study.regime_analysis(met, "fresh")
+    goal = info["D3S+screen+history"]
+    assert target == pytest.approx(0.61) and goal["reach_step"] == 2
+    assert goal["acceptance"] == pytest.approx(8 / 10) and goal["false_reject"] == (pytest.approx(4 / 12), 12)
+    assert goal["at_grpo_wall"] == pytest.approx(0.67)  # it ended (1.6 s) before GRPO's 4 s: its final evaluation
+    assert info["GRPO+DF"]["at_grpo_wall"] == pytest.approx(0.46)  # 2.6 s to step 2, 5.2 s to step 4 > 4 s
+    assert info["GRPO"]["ratios"]["wall"] == pytest.approx(1.0) and info["GRPO"]["acceptance"] is None
+    low, high = goal["intervals"]["wall"]
+    assert low - 1e-9 <= 0.2 <= high + 1e-9  # the point ratio lies in its bootstrap interval
+    slow = synthetic_generation_study([0.62, 0.66], goal_time=2.0)
+    assert "**Not met** (fresh)" in generation_study.verdict(generation_study.regime_analysis(slow, "fresh")[1], "fresh", 4)
+    assert "Short by: tokens 0.31x the goal, wall time 2.00x the goal" in "\n".join(
+        generation_study.generation_section(_write(tmp_path, slow), 6)
+    )
+    never = synthetic_generation_study([0.3, 0.35])
+    never_text = generation_study.verdict(generation_study.regime_analysis(never, "passes")[1], "passes", 4)
+    assert "never reached GRPO's final accuracy" in never_text and "each 4 rollouts generated for no training" in never_text
+    written = generation_study.generation_main(path, tmp_path / "generation.md")
+    assert Path(written).read_text().startswith("# The generation level at fixed steps on `synthetic`")
+
+
+def _write(tmp_path, document):
+    path = tmp_path / "study.json"
+    path.write_text(json.dumps(document))
+    return path

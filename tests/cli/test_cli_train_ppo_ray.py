@@ -343,7 +343,14 @@ def test_dry_run_with_schedule_steps(capsys):
     assert "step     50:  N =  12  kept rollouts     96 / 128" in out
 
 
-@pytest.mark.parametrize("level", [["--d3s.pilot_rollouts", "4"], ["--d3s.prompt_skip", "history"]])
+@pytest.mark.parametrize(
+    "level",
+    [
+        ["--d3s.pilot_rollouts", "4"],
+        ["--d3s.prompt_skip", "history"],
+        ["--d3s.preset", "d1s", "--d3s.n_init", "8", "--d3s.n_final", "8", "--algo.dynamic_filtering_enable"],
+    ],
+)
 def test_dry_run_prints_the_fixed_steps_and_the_passes_they_take(level, tmp_path, capsys):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join('{"input": "q%d", "label": "a"}\n' % i for i in range(100)))

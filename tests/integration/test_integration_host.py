@@ -285,6 +285,18 @@ def test_skipping_or_screening_trains_the_fixed_steps_and_the_lr_horizon_follows
     assert scaled_max_steps(args, config, 10, 10) == 2 * sum(kept) // 8
 
 
+def test_dynamic_filtering_with_schedule_steps_trains_the_fixed_steps():
+    config = D3SConfig.from_flags({"preset": "grpo", "schedule_steps": 30})
+    args = horizon_args(algo__dynamic_filtering_enable=True, train__num_episodes=2)
+    args.d3s = host.config_namespace(config)
+    assert host.fixed_steps(config, args) == 30  # GRESO's baseline: the same steps as the skipping arms
+    assert host.steps_unknown_in_advance(args, config) is None
+    assert host.rollout_steps(12, args) == 30
+    args.algo.dynamic_filtering_enable = False
+    assert host.fixed_steps(config, args) is None  # alone, --d3s.schedule_steps is only the schedule's horizon
+    assert host.rollout_steps(12, args) == 3 * 2  # ceil(12 / 4) batches per episode, 2 episodes
+
+
 def test_dynamic_filtering_alone_with_a_moving_schedule_needs_schedule_steps():
     config = D3SConfig.from_flags({"preset": "d3s", "n_init": 2, "n_final": 8})
     args = horizon_args(algo__dynamic_filtering_enable=True)

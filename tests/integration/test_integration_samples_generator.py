@@ -110,9 +110,16 @@ def run(generator, steps=None):
     return taken
 
 
-@pytest.mark.parametrize("screen", [0, K])
-def test_the_run_trains_exactly_the_fixed_steps_of_full_batches_cycling_over_the_prompts(screen):
-    generator = make(pilot_rollouts=screen, prompt_skip="off" if screen else "history")
+@pytest.mark.parametrize(
+    "flags, level",
+    [
+        ((), dict(prompt_skip="history")),
+        ((), dict(prompt_skip="off", pilot_rollouts=K)),
+        (("--algo.dynamic_filtering_enable",), dict(prompt_skip="off")),  # upstream's filter alone
+    ],
+)
+def test_the_run_trains_exactly_the_fixed_steps_of_full_batches_cycling_over_the_prompts(flags, level):
+    generator = make(*flags, **level)
     steps = run(generator)
     assert len(steps) == 12  # --d3s.schedule_steps, whatever the passes (12 x 4 = 48 draws of 24 prompts)
     assert all(len(prompts) == B and groups == {G} for prompts, groups, _, _ in steps)  # full batches of full groups

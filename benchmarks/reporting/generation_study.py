@@ -1,0 +1,249 @@
+"""The generation level's study at fixed steps (``bench_learning.py --parts screen``: ``generation_study.json``):
+GRPO, GRPO + upstream's dynamic filtering, GRPO + screening, D3S and D3S + screening + history, every arm training
+the same steps, in two regimes (several passes over a few hundred prompts; one pass over fresh prompts). Per arm: the
+cost to GRPO's final held-out greedy accuracy as ratios to GRPO with bootstrap intervals over seeds, the accuracy at
+GRPO's wall time, the pilots' acceptance and false rejects, and the verdict against the issue's goal."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from .stats import mean_std, p_text, thirds
+from .study import first_at_least, study_analysis
+
+GOAL = 0.5  # D3S + screening: at most this share of GRPO's generated tokens and wall time to GRPO's final accuracy
+GOAL_ARM = "D3S+screen+history"
+ALPHA = 0.05
+RESAMPLES = 2000  # bootstrap resamples of the seeds
+COSTS = ("generated", "generation", "wall")  # cumulative per step: generated tokens, generation s, step s
+REGIMES = {"passes": "several passes over {pool} prompts", "fresh": "one pass over fresh prompts"}
+
+
+def _costs(run):
+    """Cumulative generated response tokens (every rollout generated: pilots, audits and filtered groups
+    included), generation time and step time of one run, per step."""
+    steps = run["steps"]
+    generated = [s.get("d3s/generated_tokens", s["rollout/response_length_mean"] * s["rollout/num_samples"]) for s in steps]
+    return dict(
+        generated=np.cumsum(generated),
+        generation=np.cumsum([s["timing/generation"] for s in steps]),
+        wall=np.cumsum([s["timing/step_total"] for s in steps]),
+    )
+
+
+def _cost_at(costs, step, key):
+    """Seed mean of a cumulative cost at ``step`` (0 at the warm start)."""
+    return 0.0 if step == 0 else float(np.mean([c[key][step - 1] for c in costs]))
+
+
+def _reach(curves, eval_step, target):
+    """The first evaluation step at which the seed-mean curve of ``curves`` (seeds x evaluations, the warm start
+    first) is at least ``target``, or None."""
+    hit = first_at_least(curves.mean(axis=0), target)
+    return None if hit is None else int(eval_step[hit])
+
+
+def _ratios(arm, grpo, target):
+    """The arm's costs to ``target`` over GRPO's, from the given seeds' arrays; inf where the arm never reached it."""
+    arm_step, grpo_step = _reach(arm["curves"], arm["eval_step"], target), _reach(grpo["curves"], grpo["eval_step"], target)
+    ratios = {}
+    for key in COSTS:
+        base = _cost_at(grpo["costs"], grpo_step, key) if grpo_step is not None else float("nan")
+        if arm_step is None:
+            ratios[key] = float("inf")
+        else:
+            ratios[key] = _cost_at(arm["costs"], arm_step, key) / base if base > 0 else float("nan")
+    return arm_step, ratios
+
+
+def _take(arm, seeds):
+    return dict(curves=arm["curves"][seeds], eval_step=arm["eval_step"], costs=[arm["costs"][i] for i in seeds])
+
+
+def bootstrap(arm, grpo, rng, resamples=RESAMPLES):
+    """95% percentile intervals of the cost ratios, resampling the arm's and GRPO's seeds independently (GRPO's
+    target, its final seed-mean accuracy, moves with its resample). A resample that never reaches it counts as
+    inf."""
+    draws = {key: [] for key in COSTS}
+    n_arm, n_grpo = len(arm["costs"]), len(grpo["costs"])
+    for _ in range(resamples):
+        arm_seeds, grpo_seeds = rng.integers(0, n_arm, n_arm), rng.integers(0, n_grpo, n_grpo)
+        target = float(grpo["final"][grpo_seeds].mean())
+        _, ratios = _ratios(_take(arm, arm_seeds), _take(grpo, grpo_seeds), target)
+        for key in COSTS:
+            draws[key].append(ratios[key])
+    return {key: tuple(float(v) for v in np.nanpercentile(draws[key], [2.5, 97.5])) for key in COSTS}
+
+
+def _counts(runs, key):
+    return float(sum(s.get(key, 0.0) for run in runs for s in run["steps"]))
+
+
+def regime_analysis(document, regime):
+    """Per arm of one regime: the study's analysis (``study_analysis``) plus the costs to GRPO's final accuracy (point
+    ratios and bootstrap intervals), the accuracy at GRPO's total wall time, and the generation level's counts."""
+    part = dict(document, results={regime: document["results"][regime]})
+    analysis = study_analysis(part)[regime]
+    info, target = analysis["info"], analysis["target"]
+    raw = document["results"][regime]
+    rng = np.random.default_rng(0)
+    arrays = {}
+    for method, m in info.items():
+        runs = list(raw[method].values())
+        n_eval = len(m["eval_step"])
+        sft = document["sft_heldout"]["greedy"]
+        curves = np.array([np.concatenate([[sft], [e["greedy"] for e in run["heldout"]][: n_eval - 1]]) for run in runs])
+        arrays[method] = dict(
+            curves=curves, eval_step=m["eval_step"], costs=[_costs(run) for run in runs], final=curves[:, -1]
+        )
+        m["totals"] = {key: float(np.mean([c[key][-1] for c in arrays[method]["costs"]])) for key in COSTS}
+        m["generation_share"] = m["totals"]["generation"] / m["totals"]["wall"]
+        trained = _counts(runs, "rollout/num_samples")
+        m["prompts_per_step"] = {
+            key: _counts(runs, f"d3s/{key}") / sum(len(run["steps"]) for run in runs)
+            for key in ("pilots", "screened_prompts", "skipped_prompts")
+        }
+        pilots, screened = _counts(runs, "d3s/pilots"), _counts(runs, "d3s/screened_prompts")
+        audited = _counts(runs, "d3s/audited_prompts")
+        m["acceptance"] = (pilots - screened) / pilots if pilots else None
+        m["false_reject"] = (_counts(runs, "d3s/false_rejects") / audited, int(audited)) if audited else None
+        m["trained_rollouts"] = trained / len(runs)
+        m["passes"] = max(run["steps"][-1].get("d3s/passes", 1.0) for run in runs)
+        m["zero_var_thirds"] = thirds(np.mean([r["zero_var"] for r in m["runs"]], axis=0))
+    grpo = arrays["GRPO"]
+    budget = info["GRPO"]["totals"]["wall"]
+    for method, m in info.items():
+        m["reach_step"], m["ratios"] = _ratios(arrays[method], grpo, target)
+        m["intervals"] = bootstrap(arrays[method], grpo, rng)
+        walls = [_cost_at(arrays[method]["costs"], int(step), "wall") for step in m["eval_step"]]
+        m["at_grpo_wall"] = float(m["curve"][max(i for i, wall in enumerate(walls) if wall <= budget + 1e-9)])
+    return target, info
+
+
+def _ratio_text(ratio, interval):
+    if not np.isfinite(ratio):
+        return "never"
+    high = "never" if not np.isfinite(interval[1]) else f"{interval[1]:.2f}"
+    return f"{ratio:.2f}x [{interval[0]:.2f}, {high}]"
+
+
+def verdict(info, regime, pilot):
+    """The goal for D3S + screening in one regime, in words, and where it falls short, by how much and why
+    (``pilot``: the rollouts of a pilot)."""
+    m, grpo = info[GOAL_ARM], info["GRPO"]
+    final, base = float(np.mean(m["final_greedy"])), float(np.mean(grpo["final_greedy"]))
+    p = m["test_vs_grpo"][1]
+    worse = final < base and not np.isnan(p) and p < ALPHA
+    why = (
+        f"generation is {m['generation_share']:.0%} of its step (GRPO's {grpo['generation_share']:.0%}); "
+        f"{m['prompts_per_step']['screened_prompts']:.1f} of its {m['prompts_per_step']['pilots']:.1f} pilots a step "
+        f"were screened out, each {pilot} rollouts generated for no training"
+    )
+    tokens, wall = m["ratios"]["generated"], m["ratios"]["wall"]
+    if not np.isfinite(tokens):
+        return (
+            f"**Not met** ({regime}): D3S + screening's seed-mean held-out greedy curve never reached GRPO's final "
+            f"accuracy ({base:.3f}; its peak {float(np.max(m['curve'][1:])):.3f}, its final {final:.3f}, p = "
+            f"{p_text(m['test_vs_grpo'])}). Over the run it generated "
+            f"{m['totals']['generated'] / grpo['totals']['generated']:.2f}x GRPO's tokens in "
+            f"{m['totals']['wall'] / grpo['totals']['wall']:.2f}x its wall time; {why}."
+        )
+    met = tokens <= GOAL and wall <= GOAL and not worse
+    text = (
+        f"**{'Met' if met else 'Not met'}** ({regime}): D3S + screening reached GRPO's final held-out greedy accuracy "
+        f"({base:.3f}) with {tokens:.2f}x GRPO's generated tokens and {wall:.2f}x its wall time (goal: at most {GOAL}x "
+        f"each), final accuracy {final:.3f} against {base:.3f} (p = {p_text(m['test_vs_grpo'])}"
+        f"{', significantly worse' if worse else ''})."
+    )
+    if not met:
+        short = [f"{name} {value / GOAL:.2f}x the goal" for name, value in (("tokens", tokens), ("wall time", wall))]
+        text += f" Short by: {', '.join(short)}; {why}."
+    return text
+
+
+def regime_lines(document, regime, heading):
+    target, info = regime_analysis(document, regime)
+    grpo = info["GRPO"]
+    title = REGIMES[regime].format(pool=document.get("pool"))
+    lines = [
+        f"{heading} {title.capitalize()}",
+        "",
+        f"GRPO's final held-out greedy accuracy (seed mean): {target:.3f}; its wall time {grpo['totals']['wall']:.0f} s "
+        "of steps. Costs to GRPO's final accuracy as ratios to GRPO's, with 95% bootstrap intervals over seeds:",
+        "",
+        "| method | final greedy | peak greedy | p vs GRPO | greedy at GRPO's wall time | reached at step | generated "
+        "tokens | generation time | wall time |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for method, m in info.items():
+        reach = "never" if m["reach_step"] is None else str(m["reach_step"])
+        ratios = [_ratio_text(m["ratios"][key], m["intervals"][key]) for key in COSTS]
+        lines.append(
+            f"| {method} | {mean_std(m['final_greedy'])} | {mean_std(m['peak_greedy'])} | {p_text(m['test_vs_grpo'])} "
+            f"| {m['at_grpo_wall']:.3f} | {reach} | {' | '.join(ratios)} |"
+        )
+    lines += [
+        "",
+        "Over the whole run (seed means; pilots, screened and skipped prompts per step; the false rejects are "
+        "screened-out prompts whose audited full group had variance):",
+        "",
+        "| method | generated tokens | generation s | wall s | generation share | pilots | screened | skipped | pilot "
+        "acceptance | false rejects (audited) | passes | zero-variance groups trained (thirds) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for method, m in info.items():
+        per_step = m["prompts_per_step"]
+        acceptance = "-" if m["acceptance"] is None else f"{m['acceptance']:.2f}"
+        rejects = "-" if m["false_reject"] is None else f"{m['false_reject'][0]:.2f} ({m['false_reject'][1]})"
+        zero = " / ".join(f"{v:.2f}" for v in m["zero_var_thirds"])
+        lines.append(
+            f"| {method} | {m['totals']['generated']:,.0f} | {m['totals']['generation']:.0f} | "
+            f"{m['totals']['wall']:.0f} | {m['generation_share']:.0%} | {per_step['pilots']:.1f} | "
+            f"{per_step['screened_prompts']:.1f} | {per_step['skipped_prompts']:.1f} | {acceptance} | {rejects} | "
+            f"{m['passes']:.0f} | {zero} |"
+        )
+    return lines + ["", verdict(info, regime, document.get("pilot", "k"))]
+
+
+def generation_body(document, heading="###"):
+    results = document["results"]
+    runs = [run for regime in results.values() for arm in regime.values() for run in arm.values()]
+    dates = sorted({run["date"] for run in runs})
+    minutes = sum(run["process_seconds"] + run["eval_seconds"] for run in runs) / 60
+    seeds = len(next(iter(next(iter(results.values())).values())))
+    lines = [
+        f"Command: `.venv/bin/python benchmarks/bench_learning.py --parts screen --seeds "
+        f"{' '.join(map(str, range(seeds)))} --out benchmarks/results` ({', '.join(dates)}; {document['machine']}; "
+        f"{minutes:.0f} minutes of runs and evaluations"
+        f"{', plus the SFT warm start' if 'sft_seconds' in document else ''}). Task `{document['task']}`: every arm "
+        f"trains {document['steps']} steps of {document['prompts_per_step']} prompts x G = 16 rollouts, {seeds} seeds, "
+        f"held-out greedy accuracy every {document['eval_every']} steps (the SFT start: "
+        f"{document['sft_heldout']['greedy']:.3f}). Screening pilots k = {document.get('pilot')} rollouts and "
+        f"completes {document.get('audit', 0):.0%} of the screened-out prompts to count false rejects (their tokens "
+        "and time are in its costs). GRPO + DF is upstream's `--algo.dynamic_filtering_enable` (flat groups dropped "
+        "after all G rollouts, replaced), at the same fixed steps.",
+    ]
+    for regime in (r for r in REGIMES if r in results):
+        lines += ["", *regime_lines(document, regime, heading)]
+    if document.get("quick"):
+        lines += ["", "This is a smoke test (`--quick`): too few steps for any conclusion."]
+    return lines
+
+
+def generation_section(path, number):
+    """The RESULTS.md section of ``generation_study.json``."""
+    document = json.loads(Path(path).read_text())
+    title = f"## {number}. The generation level at fixed steps: screening, skipping and dynamic filtering"
+    return [title, "", *generation_body(document)]
+
+
+def generation_main(path, output):
+    """The study alone, written to ``output``; returns ``output``."""
+    document = json.loads(Path(path).read_text())
+    lines = [f"# The generation level at fixed steps on `{document['task']}`", "", *generation_body(document, "##")]
+    Path(output).write_text("\n".join(lines) + "\n")
+    print(f"wrote {output}")
+    return output
