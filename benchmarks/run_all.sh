@@ -5,6 +5,7 @@
 #   step cost + selection + memory + forward: about 40 minutes (bench_forward.py: 15, measured 2026-11-25);
 #   on a GPU machine, separately: PYTHONPATH=$PWD python benchmarks/bench_forward_gpu.py (torch + transformers);
 #   the study (bench_learning.py): 72 minutes measured on 2026-11-25 (SFT 4, --parts pods 24, --parts d3s 44);
+#   the generation level's study (bench_learning.py --parts screen): STUDY_MINUTES;
 #   bench_evaluate.py: about 3 minutes (2026-11-25);
 #   bench_lora_sync.py: under a minute;
 #   report.py: seconds.
@@ -17,6 +18,7 @@ PY=.venv/bin/python
 "$PY" benchmarks/bench_memory.py
 "$PY" benchmarks/bench_forward.py
 "$PY" benchmarks/bench_learning.py --out benchmarks/results
+"$PY" benchmarks/bench_learning.py --parts screen --out benchmarks/results
 PYTHONPATH=$PWD "$PY" benchmarks/bench_evaluate.py
 "$PY" benchmarks/bench_lora_sync.py --label after  # its 'before' runs on an older commit: see its docstring
 "$PY" benchmarks/report.py --results benchmarks/results

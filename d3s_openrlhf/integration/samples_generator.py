@@ -5,9 +5,9 @@ training batches (``_generate_vllm`` on the prompt dataloader's iterator; evalua
 a :class:`PromptStream`:
 
 * **Fixed steps** (``host.fixed_steps``: skipping or screening on, or dynamic filtering with
-  ``--d3s.schedule_steps``). The stream cycles over the dataloader's passes without end, so every batch holds B prompts; the generator serves exactly
-  ``--d3s.schedule_steps`` S training batches and then reports the data exhausted, which ends upstream's loops
-  (sync and async) after S steps whatever ``--train.num_episodes`` says.
+  ``--d3s.schedule_steps``). The stream cycles over the dataloader's passes without end, so every batch holds B
+  prompts; the generator serves exactly ``--d3s.schedule_steps`` S training batches and then reports the data
+  exhausted, which ends upstream's loops (sync and async) after S steps whatever ``--train.num_episodes`` says.
 * **Skipping** (``--d3s.prompt_skip history``): the stream asks the policy (``core.prompt_skip``) about each prompt
   and hands on the next one it keeps; upstream's loop, or the screened one, fills the batch.
 * **Screening** (``--d3s.pilot_rollouts k``): :meth:`D3SSamplesGenerator._generate_screened` dispatches pilots of k
@@ -41,6 +41,7 @@ import hashlib
 import math
 import os
 from collections import defaultdict, deque
+from dataclasses import dataclass, field
 from typing import Deque, Dict, List, Optional, Tuple
 
 import ray
@@ -208,9 +209,24 @@ class DataloaderWithGenerationState:
             self.owner.load_generation_state(generation)
 
 
+@dataclass
+class _ScreenedDraw:
+    """One screened batch while its requests are in flight."""
+
+    num_prompts: int
+    group_size: int
+    generate_kwargs: Dict
+    pilots: Dict = field(default_factory=dict)  # ref -> item
+    rests: Dict = field(default_factory=dict)  # ref -> (item, pilot responses, audited: completed to count a reject)
+    accepted: List = field(default_factory=list)  # the experiences of the batch
+    started: int = 0  # groups whose rest is dispatched or done, less those dropped by the filter
+    pilots_done: int = 0
+    screened: int = 0
+
+
 class D3SSamplesGenerator(SamplesGenerator):
-    """``SamplesGenerator`` with the generation level (see the module docstring); upstream's loop, unchanged, when
-    neither skipping nor screening is on (it then only counts the generated tokens)."""
+    """``SamplesGenerator`` with the generation level (see the module docstring); upstream's loop, unchanged, when the
+    run has no fixed steps (it then only counts the generated tokens)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -309,78 +325,82 @@ class D3SSamplesGenerator(SamplesGenerator):
     def _generate_screened(self, num_prompts: int, dynamic_filtering, **generate_kwargs) -> List:
         """One batch of ``num_prompts`` groups that passed their pilot (and upstream's filter, if on)."""
         group_size = generate_kwargs.get("n_samples_per_prompt", self.args.rollout.n_samples_per_prompt)
-        pilot_size = self.d3s.pilot_rollouts
-        pilots: Dict = {}  # ref -> item
-        rests: Dict = {}  # ref -> (item, pilot responses, audited: completed only to measure a false reject)
-        accepted: List = []
-        started = 0  # groups whose rest is dispatched or done, less those dropped by the filter
-        pilots_done = screened = 0
+        draw = _ScreenedDraw(num_prompts, group_size, generate_kwargs)
         pbar = tqdm(total=num_prompts, desc="Generate samples (screened)")
-
-        def start_rest(item, pilot_responses, audited=False):
-            _, prompt, label, image = item
-            kwargs = {**generate_kwargs, "n_samples_per_prompt": group_size - pilot_size}
-            (ref,) = self._dispatch_prompts_to_vllm([prompt], [label], images=[image], **kwargs)
-            rests[ref] = (item, pilot_responses, audited)
-
-        def top_up():
-            nonlocal started
-            while self._carried and started < num_prompts:
-                start_rest(*self._carried.pop(0))
-                started += 1
-            acceptance = self.acceptance.with_batch(pilots_done - screened, pilots_done)
-            room = pilot_room(num_prompts - started, num_prompts, len(self._carried))
-            new = pilots_to_dispatch(num_prompts - started, len(pilots), acceptance, room)
-            items = [self.stream.next_item() for _ in range(new)]
-            if items:
-                _, prompts, labels, images = zip(*items)
-                kwargs = {**generate_kwargs, "n_samples_per_prompt": pilot_size}
-                refs = self._dispatch_prompts_to_vllm(list(prompts), list(labels), images=list(images), **kwargs)
-                pilots.update(zip(refs, items))
-
-        top_up()
-        while pilots or rests:
-            ready, _ = ray.wait([*pilots, *rests], num_returns=1, timeout=10.0)
+        self._top_up(draw)
+        while draw.pilots or draw.rests:
+            ready, _ = ray.wait([*draw.pilots, *draw.rests], num_returns=1, timeout=10.0)
             for ref in ready:
                 responses = ray.get(ref)
                 self._counts["d3s/generated_tokens"] += sum(_response_tokens(r) for r in responses)
-                if ref in pilots:
-                    item = pilots.pop(ref)
-                    pilots_done += 1
-                    rewards = [_reward(response, self.d3s) for response in responses]
-                    self._observe_pilot(item, rewards)
-                    if max(rewards) == min(rewards):
-                        screened += 1
-                        if self.d3s.pilot_audit and self._audit_draw() < self.d3s.pilot_audit:
-                            start_rest(item, responses, audited=True)
-                    elif started < num_prompts:
-                        start_rest(item, responses)
-                        started += 1
-                    else:
-                        self._carried.append((item, responses))
-                    continue
-                item, pilot_responses, audited = rests.pop(ref)
-                group = [*pilot_responses, *responses]
-                if audited:
-                    self._counts["d3s/audited_prompts"] += 1
-                    rewards = [_reward(response, self.d3s) for response in group]
-                    self._counts["d3s/false_rejects"] += max(rewards) != min(rewards)
-                    continue
-                experiences = [self._process_response_into_experience(r, **generate_kwargs) for r in group]
-                if dynamic_filtering and not self._passes_filter(experiences):
-                    started -= 1
-                    self._counts["d3s/filtered_prompts"] += 1
-                else:
-                    accepted.extend(experiences)
+                if ref in draw.pilots:
+                    self._pilot_returned(draw, draw.pilots.pop(ref), responses)
+                elif self._rest_returned(draw, *draw.rests.pop(ref), responses, dynamic_filtering):
                     pbar.update()
-            top_up()
-            pbar.set_postfix(screened=screened, skipped=self.stream.skipped, pilots=pilots_done)
+            self._top_up(draw)
+            pbar.set_postfix(screened=draw.screened, skipped=self.stream.skipped, pilots=draw.pilots_done)
         pbar.close()
-        self.acceptance.update(pilots_done - screened, pilots_done)
-        self._counts["d3s/pilots"] += pilots_done
-        self._counts["d3s/screened_prompts"] += screened
+        self.acceptance.update(draw.pilots_done - draw.screened, draw.pilots_done)
+        self._counts["d3s/pilots"] += draw.pilots_done
+        self._counts["d3s/screened_prompts"] += draw.screened
         self._counts["d3s/carried_pilots"] += len(self._carried)
-        return accepted
+        return draw.accepted
+
+    def _start_rest(self, draw: "_ScreenedDraw", item: Item, pilot_responses, audited: bool = False) -> None:
+        """Dispatch the G - k rollouts that complete a pilot's group."""
+        _, prompt, label, image = item
+        kwargs = {**draw.generate_kwargs, "n_samples_per_prompt": draw.group_size - self.d3s.pilot_rollouts}
+        (ref,) = self._dispatch_prompts_to_vllm([prompt], [label], images=[image], **kwargs)
+        draw.rests[ref] = (item, pilot_responses, audited)
+
+    def _top_up(self, draw: "_ScreenedDraw") -> None:
+        """Complete the carried pilots first, then keep ceil(needed / acceptance) pilots in flight (core.screening)."""
+        while self._carried and draw.started < draw.num_prompts:
+            self._start_rest(draw, *self._carried.pop(0))
+            draw.started += 1
+        acceptance = self.acceptance.with_batch(draw.pilots_done - draw.screened, draw.pilots_done)
+        open_slots = draw.num_prompts - draw.started
+        room = pilot_room(open_slots, draw.num_prompts, len(self._carried))
+        new = pilots_to_dispatch(open_slots, len(draw.pilots), acceptance, room)
+        items = [self.stream.next_item() for _ in range(new)]
+        if items:
+            _, prompts, labels, images = zip(*items)
+            kwargs = {**draw.generate_kwargs, "n_samples_per_prompt": self.d3s.pilot_rollouts}
+            refs = self._dispatch_prompts_to_vllm(list(prompts), list(labels), images=list(images), **kwargs)
+            draw.pilots.update(zip(refs, items))
+
+    def _pilot_returned(self, draw: "_ScreenedDraw", item: Item, responses) -> None:
+        """Screen a returned pilot: out if its rewards are all equal (audited now and then), else its rest is
+        dispatched, or it waits for the next batch if this one is full."""
+        draw.pilots_done += 1
+        rewards = [_reward(response, self.d3s) for response in responses]
+        self._observe_pilot(item, rewards)
+        if max(rewards) == min(rewards):
+            draw.screened += 1
+            if self.d3s.pilot_audit and self._audit_draw() < self.d3s.pilot_audit:
+                self._start_rest(draw, item, responses, audited=True)
+        elif draw.started < draw.num_prompts:
+            self._start_rest(draw, item, responses)
+            draw.started += 1
+        else:
+            self._carried.append((item, responses))
+
+    def _rest_returned(self, draw: "_ScreenedDraw", item: Item, pilot_responses, audited, responses, filtering) -> bool:
+        """A completed group: counted if it was an audit, else accepted unless upstream's filter drops it (its slot
+        then opens again). Returns whether it joined the batch."""
+        group = [*pilot_responses, *responses]
+        if audited:
+            self._counts["d3s/audited_prompts"] += 1
+            rewards = [_reward(response, self.d3s) for response in group]
+            self._counts["d3s/false_rejects"] += max(rewards) != min(rewards)
+            return False
+        experiences = [self._process_response_into_experience(r, **draw.generate_kwargs) for r in group]
+        if filtering and not self._passes_filter(experiences):
+            draw.started -= 1
+            self._counts["d3s/filtered_prompts"] += 1
+            return False
+        draw.accepted.extend(experiences)
+        return True
 
     def _audit_draw(self) -> float:
         return float(torch.rand((), generator=self.stream.generator, dtype=torch.float64))
