@@ -261,7 +261,7 @@ def parse_options(argv=None):
         "--prompts whose batches divide --steps)",
     )
     parser.add_argument(
-        "--eval-every", type=int, default=None, help="held-out evaluation every this many steps (default 20; screen: 25)"
+        "--eval-every", type=int, default=None, help="held-out evaluation every this many steps (default 20, screen 25)"
     )
     parser.add_argument("--eval-samples", type=int, default=4, help="sampled responses per held-out prompt")
     parser.add_argument("--prompts", type=int, default=PROMPTS, help="prompts per RL step")
@@ -411,7 +411,8 @@ def run_all(options, prepared, document, workdir, results_path):
                 final = result["heldout"][-1]
                 print(
                     f"{regime or part}/{method} seed {seed}: held-out greedy {final['greedy']:.3f}, sampled "
-                    f"{final['sampled']:.3f}; run {result['process_seconds']:.0f}s + eval {result['eval_seconds']:.0f}s",
+                    f"{final['sampled']:.3f}; run {result['process_seconds']:.0f}s + eval "
+                    f"{result['eval_seconds']:.0f}s",
                     flush=True,
                 )
 

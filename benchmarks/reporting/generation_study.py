@@ -26,7 +26,8 @@ def _costs(run):
     """Cumulative generated response tokens (every rollout generated: pilots, audits and filtered groups
     included), generation time and step time of one run, per step."""
     steps = run["steps"]
-    generated = [s.get("d3s/generated_tokens", s["rollout/response_length_mean"] * s["rollout/num_samples"]) for s in steps]
+    trained = [s["rollout/response_length_mean"] * s["rollout/num_samples"] for s in steps]
+    generated = [s.get("d3s/generated_tokens", tokens) for s, tokens in zip(steps, trained)]
     return dict(
         generated=np.cumsum(generated),
         generation=np.cumsum([s["timing/generation"] for s in steps]),
@@ -48,7 +49,8 @@ def _reach(curves, eval_step, target):
 
 def _ratios(arm, grpo, target):
     """The arm's costs to ``target`` over GRPO's, from the given seeds' arrays; inf where the arm never reached it."""
-    arm_step, grpo_step = _reach(arm["curves"], arm["eval_step"], target), _reach(grpo["curves"], grpo["eval_step"], target)
+    arm_step = _reach(arm["curves"], arm["eval_step"], target)
+    grpo_step = _reach(grpo["curves"], grpo["eval_step"], target)
     ratios = {}
     for key in COSTS:
         base = _cost_at(grpo["costs"], grpo_step, key) if grpo_step is not None else float("nan")
@@ -95,7 +97,8 @@ def regime_analysis(document, regime):
         runs = list(raw[method].values())
         n_eval = len(m["eval_step"])
         sft = document["sft_heldout"]["greedy"]
-        curves = np.array([np.concatenate([[sft], [e["greedy"] for e in run["heldout"]][: n_eval - 1]]) for run in runs])
+        greedy = [[e["greedy"] for e in run["heldout"]][: n_eval - 1] for run in runs]
+        curves = np.array([np.concatenate([[sft], values]) for values in greedy])
         arrays[method] = dict(
             curves=curves, eval_step=m["eval_step"], costs=[_costs(run) for run in runs], final=curves[:, -1]
         )
@@ -171,8 +174,8 @@ def regime_lines(document, regime, heading):
     lines = [
         f"{heading} {title.capitalize()}",
         "",
-        f"GRPO's final held-out greedy accuracy (seed mean): {target:.3f}; its wall time {grpo['totals']['wall']:.0f} s "
-        "of steps. Costs to GRPO's final accuracy as ratios to GRPO's, with 95% bootstrap intervals over seeds:",
+        f"GRPO's final held-out greedy accuracy (seed mean): {target:.3f}; its wall time "
+        f"{grpo['totals']['wall']:.0f} s of steps. Costs to GRPO's final accuracy as ratios to GRPO's, with 95% bootstrap intervals over seeds:",
         "",
         "| method | final greedy | peak greedy | p vs GRPO | greedy at GRPO's wall time | reached at step | generated "
         "tokens | generation time | wall time |",
