@@ -175,7 +175,8 @@ def regime_lines(document, regime, heading):
         f"{heading} {title.capitalize()}",
         "",
         f"GRPO's final held-out greedy accuracy (seed mean): {target:.3f}; its wall time "
-        f"{grpo['totals']['wall']:.0f} s of steps. Costs to GRPO's final accuracy as ratios to GRPO's, with 95% bootstrap intervals over seeds:",
+        f"{grpo['totals']['wall']:.0f} s of steps. Costs to GRPO's final accuracy as ratios to GRPO's, with 95% "
+        "bootstrap intervals over seeds:",
         "",
         "| method | final greedy | peak greedy | p vs GRPO | greedy at GRPO's wall time | reached at step | generated "
         "tokens | generation time | wall time |",
