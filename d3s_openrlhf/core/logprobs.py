@@ -33,11 +33,12 @@ without gradient; about 2.5 at the peak of a training step with flash-attn's Tri
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
+
+from d3s_openrlhf.core.checks import is_int, is_real
 
 # The chunk budget on a CPU and the floor on a GPU: 110 positions per chunk at a 151,936 vocabulary. Small enough
 # that a 1k-token sequence holds well under its full logits, large enough that a chunk is one efficient matmul.
@@ -225,10 +226,10 @@ def chunked_logprobs_entropy(
         raise ValueError("targets must be an integer (int64 or int32) tensor of token ids")
     if targets.shape != hidden.shape[:-1]:
         raise ValueError(f"targets must have shape {tuple(hidden.shape[:-1])}, got {tuple(targets.shape)}")
-    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not temperature > 0:
+    if not is_real(temperature) or not temperature > 0:
         raise ValueError(f"temperature must be a positive number, got {temperature!r}")
     for name, value in (("chunk_size", chunk_size), ("vocab_block", vocab_block)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1):
+        if value is not None and (not is_int(value) or value < 1):
             raise ValueError(f"{name} must be an int >= 1 or None, got {value!r}")
     vocab = weight.shape[0]
     if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= vocab):
