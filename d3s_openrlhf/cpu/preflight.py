@@ -8,6 +8,9 @@ it and either
   so on stderr: the returned argv is what upstream then runs; or
 * refuses with a ``ValueError`` that names each flag and the value to use.
 
+Each change and each refusal is one small function (:data:`CHANGES`, :data:`CHECKS`); all of them run, so every
+problem is reported at once.
+
 "As upstream's ``train()`` receives it" means: upstream's own ``__main__`` runs first, parsing, filling in
 derived values (``--train.dynamic_batch_enable`` forces ``--ds.packing_samples``, which forces
 ``flash_attention_2``; ``gae`` adds a critic) and asserting its own rules, and is stopped where ``train()``

@@ -16,8 +16,9 @@ forwards is adapted here.
   (:func:`scaled_max_steps`) and the dry run (:func:`validate_against_host`).
 * Travel form: the config rides in the host args as ``args.d3s`` (:func:`config_namespace`,
   :func:`config_from_args`); the token mask rides in ``experience.info[PG_MASK_KEY]``.
-* Validation against the host flags (:func:`validate_against_host`), before Ray starts, with the installed
-  DeepSpeed checked against the range this package supports (:data:`DEEPSPEED_RANGE`, declared in setup.py).
+* Validation against the host flags (:func:`validate_against_host`), before Ray starts: one small check per
+  refusal, all run from :data:`HOST_CHECKS`, the installed DeepSpeed among them, checked against the range this
+  package supports (:data:`DEEPSPEED_RANGE`, declared in setup.py).
 """
 
 from __future__ import annotations
@@ -55,9 +56,6 @@ class D3SValidationError(ValueError):
     def __init__(self, message: str, problems: Sequence[str] = ()):
         super().__init__(message)
         self.problems = tuple(problems)
-
-    def __reduce__(self):  # picklable with its fields
-        return type(self), (str(self), self.problems)
 
 
 # ── the command line ──
