@@ -44,7 +44,7 @@ def _require_fraction(name: str, value) -> float:
     if not is_real(value):
         raise ValueError(f"{name} must be a real number in (0, 1], got {value!r}")
     value = float(value)
-    if not (0.0 < value <= 1.0):  # also rejects NaN
+    if not (0.0 < value <= 1.0):
         raise ValueError(f"{name} must be in (0, 1], got {value!r}")
     return value
 
