@@ -16,14 +16,15 @@ rollouts are spread one per prompt over prompts drawn by a seeded generator (``i
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Optional
 
 import torch
 
+from d3s_openrlhf.core.checks import is_int
+
 
 def _int_arg(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    if not is_int(value):
         raise ValueError(f"{name} must be an int, got {value!r}")
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value!r}")

@@ -1,8 +1,11 @@
-"""Type checks shared by the core's validation: Python's bool is an int, which no option here accepts as a number."""
+"""What the core's validation shares: type checks (Python's bool is an int, which no option here accepts as a
+number) and the form of an invalid option (:class:`Problem`, raised together in :class:`InvalidOptions`), whose
+parameter and requirement are fields, so that no caller reads them back out of the message."""
 
 from __future__ import annotations
 
 import numbers
+from typing import NamedTuple, Sequence
 
 
 def is_int(value) -> bool:
@@ -13,3 +16,26 @@ def is_int(value) -> bool:
 def is_real(value) -> bool:
     """A real number that is neither a bool nor NaN."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and value == value
+
+
+class Problem(NamedTuple):
+    """One invalid option: its ``parameter`` (as the caller names it, e.g. ``--d3s.n_init``), the ``value`` given and
+    the ``requirement`` it fails ("must be ..." or what to change), which reads on after ``parameter=value: ``."""
+
+    parameter: str
+    value: object
+    requirement: str
+
+    def __str__(self) -> str:
+        return f"{self.parameter}={self.value!r}: {self.requirement}"
+
+
+class InvalidOptions(ValueError):
+    """Every invalid option of one call at once: as fields (``problems``) and one line each in the message."""
+
+    def __init__(self, heading: str, problems: Sequence[Problem]):
+        self.heading, self.problems = heading, tuple(problems)
+        super().__init__(f"{heading}:\n  " + "\n  ".join(map(str, self.problems)))
+
+    def __reduce__(self):  # picklable with its fields (Ray sends exceptions between processes)
+        return type(self), (self.heading, self.problems)

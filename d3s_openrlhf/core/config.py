@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import numbers
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, Dict, Mapping, Optional
 
-from d3s_openrlhf.core.checks import is_int, is_real
+from d3s_openrlhf.core.checks import InvalidOptions, Problem, is_int, is_real
 from d3s_openrlhf.core.prompt_skip import PROMPT_SKIP_MODES, PromptSkipPolicy
 from d3s_openrlhf.core.schedule import SCHEDULE_KINDS, DownSamplingSchedule
 from d3s_openrlhf.core.selection import SAMPLE_SCOPES, SELECTION_RULES
@@ -247,16 +246,17 @@ class D3SConfig:
     def __post_init__(self):
         for name in ("k_init", "k_final"):
             value = getattr(self, name)
-            if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            if is_int(value):
                 object.__setattr__(self, name, float(value))
         self.validate()
 
     def validate(self) -> None:
-        """Raise ValueError listing every invalid option as ``--d3s.<field>=<value>: reason``."""
+        """Raise InvalidOptions (a ValueError) with every invalid option as a Problem: ``--d3s.<field>``, its value
+        and the requirement it fails."""
         problems = []
 
-        def bad(name: str, reason: str) -> None:
-            problems.append(f"--d3s.{name}={getattr(self, name)!r}: {reason}")
+        def bad(name: str, requirement: str) -> None:
+            problems.append(Problem(f"--{FLAG_PREFIX}{name}", getattr(self, name), requirement))
 
         if self.preset is not None and (not isinstance(self.preset, str) or self.preset not in PRESETS):
             bad("preset", f"unknown preset; choose one of {', '.join(PRESETS)}")
@@ -266,23 +266,23 @@ class D3SConfig:
                 bad(f.name, f"must be one of {', '.join(choices)}")
         for name in ("n_init", "n_final"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            if not is_int(value) or value < 1:
                 bad(name, "must be an int >= 1 (rollouts kept per prompt)")
         for name in ("k_init", "k_final"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, float) or not (0.0 < value <= 1.0):
+            if not isinstance(value, float) or not (0.0 < value <= 1.0):  # ints were made floats, bools not
                 bad(name, "must be a number in (0, 1] (fraction of tokens kept; 1 = all)")
         for name in ("schedule_steps", "seed"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+            if not is_int(value) or value < 0:
                 bad(name, "must be an int >= 0")
         for name in ("full_logits", "chunked_logits", "dry_run"):
             if not isinstance(getattr(self, name), bool):
                 bad(name, "must be a bool")
         # the skip options' ranges are the policy's own
         skip_values = {parameter: getattr(self, name) for parameter, name in _SKIP_FIELDS.items()}
-        for parameter, requirement, _ in PromptSkipPolicy.problems(**skip_values):
-            bad(_SKIP_FIELDS[parameter], f"must be {requirement}")
+        for problem in PromptSkipPolicy.problems(**skip_values):
+            bad(_SKIP_FIELDS[problem.parameter], problem.requirement)
         if not is_int(self.pilot_rollouts) or self.pilot_rollouts < 0 or self.pilot_rollouts == 1:
             bad("pilot_rollouts", "must be 0 (off) or an int >= 2 (a pilot of one rollout never shows variance)")
         if not (is_real(self.pilot_audit) and 0.0 <= self.pilot_audit <= 1.0):
@@ -306,7 +306,7 @@ class D3SConfig:
                 f"--d3s.sample_rule={self.sample_rule!r}; choose a rule or --d3s.advantage_mode group",
             )
         if problems:
-            raise ValueError("invalid D3S options:\n  " + "\n  ".join(problems))
+            raise InvalidOptions("invalid D3S options", problems)
 
     # -- derived ---------------------------------------------------------------------------------------------
 

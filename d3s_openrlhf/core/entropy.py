@@ -13,11 +13,11 @@ Vocabulary entries with logit -inf (masked out) have probability 0 and contribut
 from __future__ import annotations
 
 import itertools
-import numbers
 from typing import Optional
 
 import torch
 
+from d3s_openrlhf.core.checks import is_int
 from d3s_openrlhf.core.logprobs import default_chunk_size
 
 
@@ -40,7 +40,7 @@ def entropy_from_logits(logits: torch.Tensor, *, chunk_size: Optional[int] = Non
         raise ValueError("logits must have a non-empty vocabulary dimension V")
     if chunk_size is None:
         chunk_size = default_chunk_size(logits.shape[-1])
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral) or chunk_size < 1:
+    if not is_int(chunk_size) or chunk_size < 1:
         raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
 
     compute_dtype = torch.promote_types(logits.dtype, torch.float32)

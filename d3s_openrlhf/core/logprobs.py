@@ -33,11 +33,12 @@ without gradient; about 2.5 at the peak of a training step with flash-attn's Tri
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
+
+from d3s_openrlhf.core.checks import is_int, is_real
 
 # The chunk budget on a CPU and the floor on a GPU: 110 positions per chunk at a 151,936 vocabulary. Small enough
 # that a 1k-token sequence holds well under its full logits, large enough that a chunk is one efficient matmul.
@@ -179,6 +180,34 @@ class _ChunkedLogProbs(torch.autograd.Function):
         return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
 
 
+def _check_inputs(hidden, weight, bias, targets, temperature, chunk_size, vocab_block) -> None:
+    """Raise ValueError naming the first argument of :func:`chunked_logprobs_entropy` that it cannot take."""
+    if not isinstance(hidden, torch.Tensor) or not hidden.is_floating_point() or hidden.dim() < 2:
+        raise ValueError("hidden must be a floating-point tensor of shape (..., T, H)")
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
+        raise ValueError(
+            f"weight must have shape (V, H) with H = hidden.shape[-1] = {hidden.shape[-1]}, "
+            f"got {tuple(getattr(weight, 'shape', ()))}"
+        )
+    if weight.dtype != hidden.dtype or weight.device != hidden.device:
+        raise ValueError(
+            f"weight ({weight.dtype}, {weight.device}) must match hidden ({hidden.dtype}, {hidden.device})"
+        )
+    if bias is not None and (bias.shape != weight.shape[:1] or bias.dtype != weight.dtype):
+        raise ValueError(f"bias must have shape ({weight.shape[0]},) and dtype {weight.dtype}")
+    if not isinstance(targets, torch.Tensor) or targets.dtype not in (torch.int64, torch.int32):
+        raise ValueError("targets must be an integer (int64 or int32) tensor of token ids")
+    if targets.shape != hidden.shape[:-1]:
+        raise ValueError(f"targets must have shape {tuple(hidden.shape[:-1])}, got {tuple(targets.shape)}")
+    if not is_real(temperature) or not temperature > 0:
+        raise ValueError(f"temperature must be a positive number, got {temperature!r}")
+    for name, value in (("chunk_size", chunk_size), ("vocab_block", vocab_block)):
+        if value is not None and (not is_int(value) or value < 1):
+            raise ValueError(f"{name} must be an int >= 1 or None, got {value!r}")
+    if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= weight.shape[0]):
+        raise ValueError(f"targets must be token ids in [0, {weight.shape[0]})")
+
+
 def chunked_logprobs_entropy(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -210,30 +239,8 @@ def chunked_logprobs_entropy(
         ``(log_probs, entropy)``, both fp32 (..., T), both differentiable w.r.t. hidden, weight and bias;
         ``entropy`` is None without ``with_entropy``.
     """
-    if not isinstance(hidden, torch.Tensor) or not hidden.is_floating_point() or hidden.dim() < 2:
-        raise ValueError("hidden must be a floating-point tensor of shape (..., T, H)")
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
-        raise ValueError(
-            f"weight must have shape (V, H) with H = hidden.shape[-1] = {hidden.shape[-1]}, "
-            f"got {tuple(getattr(weight, 'shape', ()))}"
-        )
-    if weight.dtype != hidden.dtype or weight.device != hidden.device:
-        raise ValueError(f"weight ({weight.dtype}, {weight.device}) must match hidden ({hidden.dtype}, {hidden.device})")
-    if bias is not None and (bias.shape != weight.shape[:1] or bias.dtype != weight.dtype):
-        raise ValueError(f"bias must have shape ({weight.shape[0]},) and dtype {weight.dtype}")
-    if not isinstance(targets, torch.Tensor) or targets.dtype not in (torch.int64, torch.int32):
-        raise ValueError("targets must be an integer (int64 or int32) tensor of token ids")
-    if targets.shape != hidden.shape[:-1]:
-        raise ValueError(f"targets must have shape {tuple(hidden.shape[:-1])}, got {tuple(targets.shape)}")
-    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not temperature > 0:
-        raise ValueError(f"temperature must be a positive number, got {temperature!r}")
-    for name, value in (("chunk_size", chunk_size), ("vocab_block", vocab_block)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1):
-            raise ValueError(f"{name} must be an int >= 1 or None, got {value!r}")
+    _check_inputs(hidden, weight, bias, targets, temperature, chunk_size, vocab_block)
     vocab = weight.shape[0]
-    if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= vocab):
-        raise ValueError(f"targets must be token ids in [0, {vocab})")
-
     positions = hidden.shape[:-1]
     # (N, H) and (N,) views; hidden states are V/H times smaller than logits, so a copy of a strided input is cheap
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])

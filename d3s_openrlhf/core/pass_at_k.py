@@ -20,6 +20,8 @@ from typing import Iterable, List
 
 import numpy as np
 
+from d3s_openrlhf.core.checks import is_int
+
 CORRECT_TOLERANCE = 1e-6
 
 
@@ -37,7 +39,7 @@ def _check(n, c, k):
     c = np.asarray(c)
     if not (np.issubdtype(n.dtype, np.integer) and np.issubdtype(c.dtype, np.integer)):
         raise ValueError("pass@k: n and c must be integer counts")
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+    if not is_int(k) or k < 1:
         raise ValueError(f"pass@k: k must be an integer >= 1, got {k!r}")
     if (n < 1).any():
         raise ValueError("pass@k: every prompt needs n >= 1 samples")

@@ -36,11 +36,11 @@ it and reports every pilot and group.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, List, Optional
 
 import torch
 
-from d3s_openrlhf.core.checks import is_real
+from d3s_openrlhf.core.checks import InvalidOptions, Problem, is_real
 
 PROMPT_SKIP_MODES = ("off", "history")
 
@@ -79,20 +79,20 @@ class PromptSkipPolicy:
     def __post_init__(self):
         problems = self.problems(self.base, self.floor, self.target, self.rate)
         if problems:
-            raise ValueError("; ".join(f"{name} must be {need}, got {value!r}" for name, need, value in problems))
+            raise InvalidOptions("invalid prompt-skip parameters", problems)
 
     @staticmethod
-    def problems(base, floor, target, rate) -> List[Tuple[str, str, object]]:
-        """Every invalid parameter as (parameter, requirement, value); empty when all are valid."""
+    def problems(base, floor, target, rate) -> List[Problem]:
+        """Every invalid parameter, named as here (``base``, ...); empty when all are valid."""
         found = []
         if not (is_real(base) and BASE_MIN <= base <= BASE_MAX):
-            found.append(("base", f"a number in [{BASE_MIN}, {BASE_MAX}]", base))
+            found.append(Problem("base", base, f"must be a number in [{BASE_MIN}, {BASE_MAX}]"))
         if not (is_real(floor) and MIN_FLOOR <= floor < 1.0):
-            found.append(("floor", f"a number in [{MIN_FLOOR}, 1) (the exploration floor)", floor))
+            found.append(Problem("floor", floor, f"must be a number in [{MIN_FLOOR}, 1) (the exploration floor)"))
         if not (is_real(target) and 0.0 <= target < 1.0):
-            found.append(("target", "a number in [0, 1)", target))
+            found.append(Problem("target", target, "must be a number in [0, 1)"))
         if not (is_real(rate) and rate > 0.0):
-            found.append(("rate", "a number > 0", rate))
+            found.append(Problem("rate", rate, "must be a number > 0"))
         return found
 
     def streak(self, key: str) -> int:

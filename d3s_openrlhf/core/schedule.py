@@ -20,10 +20,11 @@ exactly K_init / K_final at the two ends.
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Tuple, Union
+
+from d3s_openrlhf.core.checks import is_int, is_real
 
 SCHEDULE_KINDS = ("linear", "cosine", "constant")
 
@@ -32,7 +33,7 @@ _HALF_SLACK = 1e-9
 
 
 def _require_int(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    if not is_int(value):
         raise ValueError(f"{name} must be an int, got {value!r}")
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
@@ -40,10 +41,10 @@ def _require_int(name: str, value, minimum: int) -> int:
 
 
 def _require_fraction(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if not is_real(value):
         raise ValueError(f"{name} must be a real number in (0, 1], got {value!r}")
     value = float(value)
-    if not (0.0 < value <= 1.0):  # also rejects NaN
+    if not (0.0 < value <= 1.0):
         raise ValueError(f"{name} must be in (0, 1], got {value!r}")
     return value
 

@@ -47,13 +47,14 @@ from __future__ import annotations
 
 import contextlib
 import math
-import operator
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Callable, Mapping, Union
 
 import numpy as np
 import torch
+
+from d3s_openrlhf.core.checks import is_int
 
 SAMPLE_SCOPES = ("intra", "cross")
 
@@ -75,9 +76,9 @@ def _validate(values: torch.Tensor, keep, scope: str, rule: str) -> int:
         raise ValueError(f"scope must be one of {SAMPLE_SCOPES}, got {scope!r}")
     if rule not in SELECTION_RULES:
         raise ValueError(f"rule must be one of {tuple(SELECTION_RULES)}, got {rule!r}")
-    if isinstance(keep, bool):
-        raise TypeError("keep must be an int, got bool")
-    keep = operator.index(keep)
+    if not is_int(keep):
+        raise TypeError(f"keep must be an int, got {keep!r}")
+    keep = int(keep)
     num_prompts, group_size = values.shape
     limit = group_size if scope == "intra" else num_prompts * group_size
     if keep < 1 or keep > limit:

@@ -21,11 +21,12 @@ Rules (shared by both scopes):
 
 from __future__ import annotations
 
-import numbers
 from fractions import Fraction
 from typing import Dict, Optional
 
 import torch
+
+from d3s_openrlhf.core.checks import is_real
 
 TOKEN_SCOPES = ("batch", "sequence")
 
@@ -50,7 +51,7 @@ def _validate(advantages, entropy, action_mask, fraction, scope) -> torch.Tensor
             "advantages, entropy and action_mask must have the same shape, got "
             f"{tuple(advantages.shape)}, {tuple(entropy.shape)} and {tuple(action_mask.shape)}"
         )
-    if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real) or not (0.0 < float(fraction) <= 1.0):
+    if not is_real(fraction) or not (0.0 < float(fraction) <= 1.0):
         raise ValueError(f"fraction must be a real number in (0, 1], got {fraction!r}")
     if scope not in TOKEN_SCOPES:
         raise ValueError(f"scope must be one of {', '.join(TOKEN_SCOPES)}, got {scope!r}")

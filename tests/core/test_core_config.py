@@ -144,6 +144,20 @@ def test_all_problems_are_reported_at_once():
     message = str(excinfo.value)
     for flag in ("--d3s.n_init=0", "--d3s.k_final=2.0", "--d3s.token_scope='row'"):
         assert flag in message
+    # the same problems as fields: no caller reads them back out of the message
+    problems = {problem.parameter: problem for problem in excinfo.value.problems}
+    assert set(problems) == {"--d3s.n_init", "--d3s.k_final", "--d3s.token_scope"}
+    assert problems["--d3s.n_init"].value == 0 and problems["--d3s.n_init"].requirement.startswith("must be an int")
+    assert problems["--d3s.k_final"].value == 2.0
+
+
+def test_skip_options_carry_the_policys_requirement_under_their_flag():
+    with pytest.raises(ValueError) as excinfo:
+        D3SConfig(skip_floor=0.0, skip_rate=-1.0)
+    by_flag = {problem.parameter: problem for problem in excinfo.value.problems}
+    assert set(by_flag) == {"--d3s.skip_floor", "--d3s.skip_rate"}
+    assert by_flag["--d3s.skip_floor"].requirement == "must be a number in [0.01, 1) (the exploration floor)"
+    assert by_flag["--d3s.skip_rate"].value == -1.0
 
 
 def test_decreasing_schedules_and_integer_fractions_are_accepted():

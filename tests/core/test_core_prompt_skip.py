@@ -111,8 +111,12 @@ def test_state_round_trip_resumes_the_same_decisions():
 def test_bad_parameters_are_reported_together_with_their_requirements():
     problems = PromptSkipPolicy.problems(base=1.0, floor=0.0, target=1.0, rate=0.0)
     assert [parameter for parameter, _, _ in problems] == ["base", "floor", "target", "rate"]
-    with pytest.raises(ValueError, match="floor must be a number in \\[0.01, 1\\)"):
+    assert [problem.value for problem in problems] == [1.0, 0.0, 1.0, 0.0]
+    assert problems[1].requirement == "must be a number in [0.01, 1) (the exploration floor)"
+    # the message names the parameter, its value and the requirement (the same fields, for people)
+    with pytest.raises(ValueError, match="floor=0.001: must be a number in \\[0.01, 1\\)") as refused:
         PromptSkipPolicy(floor=0.001)
+    assert [problem.parameter for problem in refused.value.problems] == ["floor"]
 
 
 def test_the_config_builds_the_policy_and_refuses_bad_flags():

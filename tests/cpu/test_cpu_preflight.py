@@ -156,6 +156,113 @@ def test_a_cluster_given_by_address_is_not_counted():
     preflight.prepare([*GPU_STYLE, *ENGINE, "--ref.num_gpus_per_node", "8"], num_gpus=None)
 
 
+# ── each check and each change on its own ──
+
+NO_FP16, NO_RING = {"_deepspeed_fp16_supported": lambda: False}, {"_installed": lambda module: False}
+CRITIC = ["--train.colocate_critic_reward", "--critic.model_name_or_path", "c", "--critic.num_gpus_per_node", "2"]
+
+# (check, flags it refuses, flags it lets pass, what the refusal says, preflight helpers replaced); flags go after
+# GPU_STYLE and ENGINE (actor and reference model on 2 GPUs each, one engine)
+CHECK_CASES = [
+    (
+        preflight.check_attention,
+        ["--ds.attn_implementation", "flash_attention_3"],
+        ["--ds.attn_implementation", "sdpa"],
+        "--ds.attn_implementation flash_attention_3 has no CPU kernel; use --ds.attn_implementation flash_attention_2",
+        {},
+    ),
+    (
+        preflight.check_attention,
+        ["--ds.attn_implementation", "org/kernel", "--ds.packing_samples"],
+        ["--ds.packing_samples"],
+        "--ds.attn_implementation org/kernel (forced by --ds.packing_samples) has no CPU kernel",
+        {},
+    ),
+    (preflight.check_fp16, ["--ds.param_dtype", "fp16"], [], "use --ds.param_dtype bf16", NO_FP16),
+    (preflight.check_liger_kernel, ["--ds.use_liger_kernel"], [], "drop --ds.use_liger_kernel", {}),
+    (preflight.check_ring_attention, ["--ds.ring_attn_size", "2"], [], "use --ds.ring_attn_size 1", NO_RING),
+    (
+        preflight.check_colocated_ref,
+        ["--train.colocate_actor_ref", "--ref.num_gpus_per_node", "1"],
+        ["--train.colocate_actor_ref"],
+        "same --ref.num_nodes/--ref.num_gpus_per_node as --actor.num_nodes/--actor.num_gpus_per_node (1/2)",
+        {},
+    ),
+    (
+        preflight.check_colocated_engines,
+        ["--train.colocate_all"],
+        ["--train.colocate_all", "--vllm.num_engines", "2"],
+        "--train.colocate_all needs --vllm.num_engines x --vllm.tensor_parallel_size = 2",
+        {},
+    ),
+    (
+        preflight.check_colocated_critic_reward,
+        [*CRITIC, "--reward.num_gpus_per_node", "1"],
+        [*CRITIC, "--reward.num_gpus_per_node", "2"],
+        "same --reward.num_nodes/--reward.num_gpus_per_node as --critic.num_nodes/--critic.num_gpus_per_node (1/2)",
+        {},
+    ),
+    (
+        preflight.check_head_dim,
+        [],
+        ["--vllm.num_engines", "0"],  # checked only for a model that engines serve
+        "the head dimension of some/model",
+        {"_head_dim_problem": lambda path: f"the head dimension of {path}"},
+    ),
+    (preflight.check_gpu_demand, ["--ref.num_gpus_per_node", "8"], [], "--ref.num_gpus_per_node = 8", {}),
+]
+CHECK_IDS = [f"{case[0].__name__}-{i}" for i, case in enumerate(CHECK_CASES)]
+
+
+@pytest.mark.parametrize("check, refused, passed, says, helpers", CHECK_CASES, ids=CHECK_IDS)
+def test_each_check_names_the_flag_and_value_or_passes(check, refused, passed, says, helpers, monkeypatch):
+    for name, replacement in helpers.items():
+        monkeypatch.setattr(preflight, name, replacement)
+    problem = check(host.parse_host_args([*GPU_STYLE, *ENGINE, *refused]), 8)
+    assert problem is not None and says in problem
+    assert check(host.parse_host_args([*GPU_STYLE, *ENGINE, *passed]), 8) is None
+    # review reports it among the others
+    assert problem in preflight.review(host.parse_host_args([*GPU_STYLE, *ENGINE, *refused]))[0]
+
+
+def test_the_gpu_count_of_a_cluster_given_by_address_is_not_checked():
+    args = host.parse_host_args([*GPU_STYLE, *ENGINE, "--ref.num_gpus_per_node", "8"])
+    assert preflight.check_gpu_demand(args, None) is None
+
+
+@pytest.mark.parametrize(
+    "make, flags, passed, change",
+    [
+        (preflight.change_sync_with_ray, ["--vllm.sync_with_ray"], [], ("--vllm.sync_with_ray", None)),
+        (
+            preflight.change_sync_backend,
+            ["--train.colocate_all"],
+            ["--train.colocate_all", "--vllm.sync_backend", "gloo"],
+            ("--vllm.sync_backend", "gloo"),
+        ),
+        (preflight.change_vllm_sleep, ["--vllm.enable_sleep"], [], ("--vllm.enable_sleep", None)),
+        (preflight.change_ds_sleep, ["--ds.enable_sleep"], [], ("--ds.enable_sleep", None)),
+    ],
+    ids=lambda value: getattr(value, "__name__", None),
+)
+def test_each_change_names_its_flag_and_reason(make, flags, passed, change, monkeypatch):
+    monkeypatch.setattr(preflight, "_vllm_can_sleep", lambda: False)
+    made = make(host.parse_host_args([*GPU_STYLE, *ENGINE, *flags]))
+    assert (made.flag, made.value) == change and made.reason
+    assert make(host.parse_host_args([*GPU_STYLE, *ENGINE, *passed])) is None
+
+
+def test_every_check_and_change_is_run_and_has_a_case_of_its_own():
+    assert set(preflight.CHECKS) == {case[0] for case in CHECK_CASES}
+    assert len(preflight.CHECKS) == len(set(preflight.CHECKS))
+    assert {make.__name__ for make in preflight.CHANGES} == {
+        "change_sync_with_ray",
+        "change_sync_backend",
+        "change_vllm_sleep",
+        "change_ds_sleep",
+    }
+
+
 # ── through the entrypoints, D3S on and off ──
 
 

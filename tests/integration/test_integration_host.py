@@ -327,3 +327,171 @@ def test_other_deepspeed_versions_are_refused_before_ray_with_what_to_install(mo
         host.validate_against_host(config, host.parse_host_args(SKIP_HOST))
     assert ("not installed" if installed is None else f"deepspeed {installed} is installed") in str(error.value)
     assert "deepspeed>=0.18.3,<0.20" in str(error.value)
+
+
+# ── the checks against the host flags: one refusal each, all reported at once ──
+
+REMOTE = ["--reward.remote_url", "r.py"]
+D3S_MOVING = {"preset": "d3s", "n_init": 2, "n_final": 8}
+SKIPPING = {"preset": "grpo", "prompt_skip": "history", "schedule_steps": 20}
+
+
+def by_group(check, group):
+    (partial,) = [c for c in host.HOST_CHECKS if getattr(c, "func", None) is check and c.keywords["group"] == group]
+    return partial
+
+
+# (check, D3S options, flags it refuses, flags it lets pass, what the refusal says); flags go after SKIP_HOST
+CHECK_CASES = [
+    (
+        host.check_dynamic_batch_split,
+        D3S_MOVING,
+        [*REMOTE, "--train.dynamic_batch_enable", "--actor.num_gpus_per_node", "3"],
+        [*REMOTE, "--train.dynamic_batch_enable", "--actor.num_gpus_per_node", "2"],
+        "--train.batch_size 16 not a multiple of the actor's data-parallel size 3: ",
+    ),
+    (
+        host.check_schedule_horizon,
+        D3S_MOVING,
+        [*REMOTE, "--algo.dynamic_filtering_enable"],
+        REMOTE,
+        "--algo.dynamic_filtering_enable consumes a varying number of prompts per step",
+    ),
+    (
+        host.check_generation_rewards,
+        SKIPPING,
+        ["--reward.model_name_or_path", "rm"],
+        REMOTE,
+        "give rewards at generation time (--reward.remote_url or --train.agent_func_path)",
+    ),
+    (
+        host.check_skip_group_size,
+        SKIPPING,
+        [*REMOTE, "--rollout.n_samples_per_prompt", "1"],
+        REMOTE,
+        "needs at least 2 rollouts per prompt; --rollout.n_samples_per_prompt is 1",
+    ),
+    (
+        host.check_pilot_within_group,
+        {"preset": "grpo", "pilot_rollouts": 8, "schedule_steps": 20},
+        REMOTE,
+        [*REMOTE, "--rollout.n_samples_per_prompt", "16"],
+        "--d3s.pilot_rollouts 8 must be below --rollout.n_samples_per_prompt 8",
+    ),
+    (
+        by_group(host.check_group_has_ranks, "ref"),
+        D3S_MOVING,
+        [*REMOTE, "--actor.num_gpus_per_node", "2", "--ds.ring_attn_size", "2", "--algo.kl.init_coef", "0.01"]
+        + ["--ref.num_gpus_per_node", "1"],
+        [*REMOTE, "--actor.num_gpus_per_node", "2", "--ds.ring_attn_size", "2", "--algo.kl.init_coef", "0.01"]
+        + ["--ref.num_gpus_per_node", "2"],
+        "the ref model group has an effective data-parallel size of 0 (--ref.num_nodes x --ref.num_gpus_per_node = 1",
+    ),
+    (
+        by_group(host.check_group_divides_actor, "ref"),
+        D3S_MOVING,
+        [*REMOTE, "--train.dynamic_batch_enable", "--actor.num_gpus_per_node", "2", "--algo.kl.init_coef", "0.01"]
+        + ["--ref.num_gpus_per_node", "3"],
+        [*REMOTE, "--train.dynamic_batch_enable", "--actor.num_gpus_per_node", "2", "--algo.kl.init_coef", "0.01"]
+        + ["--ref.num_gpus_per_node", "1"],
+        "the ref model group's size 3 (--ref.num_nodes x --ref.num_gpus_per_node) does not divide",
+    ),
+    (
+        host.check_reward_micro_batches,
+        D3S_MOVING,
+        ["--reward.model_name_or_path", "rm", "--reward.num_gpus_per_node", "3"],
+        ["--reward.model_name_or_path", "rm", "--reward.num_gpus_per_node", "2"],
+        "the reward model scores all 64 rollouts in 64 micro-batches of --rollout.micro_batch_size 1, which do not "
+        "split evenly over its 3 data-parallel ranks",
+    ),
+    (
+        host.check_estimator,
+        D3S_MOVING,
+        [*REMOTE, "--algo.advantage.estimator", "reinforce"],
+        REMOTE,
+        "--algo.advantage.estimator is reinforce; use one of",
+    ),
+    (
+        host.check_selection_group_size,
+        D3S_MOVING,
+        [*REMOTE, "--rollout.n_samples_per_prompt", "1"],
+        REMOTE,
+        "--rollout.n_samples_per_prompt 1: sample selection needs groups of at least 2 rollouts per prompt",
+    ),
+    (
+        host.check_selection_group_size,
+        D3S_MOVING,
+        [*REMOTE, "--rollout.n_samples_per_prompt", "4"],
+        [*REMOTE, "--rollout.n_samples_per_prompt", "16"],
+        "--rollout.n_samples_per_prompt 4 is below max(N) = 8 of the schedule: raise --rollout.n_samples_per_prompt "
+        "to at least 8 or lower --d3s.n_init/--d3s.n_final (now 2/8)",
+    ),
+    (
+        host.check_kept_unit,
+        D3S_MOVING,
+        [*REMOTE, "--rollout.batch_size", "5"],
+        REMOTE,
+        "the rollout batch of --rollout.batch_size 5 x --rollout.n_samples_per_prompt 8 = 40 rollouts is not a "
+        "multiple of 16 = lcm(--train.batch_size 16",
+    ),
+]
+
+
+CASE_IDS = [f"{getattr(case[0], 'func', case[0]).__name__}-{i}" for i, case in enumerate(CHECK_CASES)]
+
+
+@pytest.mark.parametrize("check, fields, refused, passed, says", CHECK_CASES, ids=CASE_IDS)
+def test_each_host_check_refuses_with_what_to_change_and_passes_otherwise(check, fields, refused, passed, says):
+    config = D3SConfig.from_flags(fields)
+    problem = check(config, host.parse_host_args([*SKIP_HOST, *refused]))
+    assert problem is not None and says in problem
+    assert check(config, host.parse_host_args([*SKIP_HOST, *passed])) is None
+    # the same refusal, on its own line, from the validation
+    with pytest.raises(host.D3SValidationError) as error:
+        host.validate_against_host(config, host.parse_host_args([*SKIP_HOST, *refused]))
+    assert problem in error.value.problems and f"\n  {problem}" in str(error.value)
+
+
+@pytest.mark.parametrize("check, fields, refused, passed, says", CHECK_CASES, ids=CASE_IDS)
+def test_only_the_sample_selection_checks_are_lifted_without_it(check, fields, refused, passed, says):
+    no_selection = D3SConfig.from_flags({**fields, "sample_rule": "none"})
+    lifted = check(no_selection, host.parse_host_args([*SKIP_HOST, *refused])) is None
+    selection_check = getattr(check, "func", check) in {
+        host.check_group_has_ranks,
+        host.check_group_divides_actor,
+        host.check_reward_micro_batches,
+        host.check_estimator,
+        host.check_selection_group_size,
+        host.check_kept_unit,
+    }
+    assert lifted == selection_check
+
+
+def test_every_host_check_has_a_case_of_its_own():
+    tested = {getattr(case[0], "func", case[0]) for case in CHECK_CASES} | {host.check_deepspeed}
+    assert {getattr(check, "func", check) for check in host.HOST_CHECKS} == tested
+    # and every model group is checked by the per-group checks
+    groups = [check.keywords["group"] for check in host.HOST_CHECKS if hasattr(check, "func")]
+    assert sorted(groups) == sorted(2 * list(host.MODEL_GROUPS))
+
+
+def test_the_deepspeed_check(monkeypatch):
+    config, args = D3SConfig.from_flags(D3S_MOVING), host.parse_host_args([*SKIP_HOST, *REMOTE])
+    monkeypatch.setattr(host, "installed_deepspeed", lambda: "0.19.6")
+    assert host.check_deepspeed(config, args) is None
+    monkeypatch.setattr(host, "installed_deepspeed", lambda: "0.17.0")
+    assert "deepspeed 0.17.0 is installed" in host.check_deepspeed(config, args)
+
+
+def test_every_host_problem_is_reported_at_once():
+    flags = [*SKIP_HOST, "--reward.model_name_or_path", "rm", "--reward.num_gpus_per_node", "3"]
+    flags += ["--algo.advantage.estimator", "reinforce", "--rollout.batch_size", "5", "--algo.dynamic_filtering_enable"]
+    config = D3SConfig.from_flags(D3S_MOVING)
+    with pytest.raises(host.D3SValidationError) as error:
+        host.validate_against_host(config, host.parse_host_args(flags))
+    checks = [host.check_schedule_horizon, host.check_reward_micro_batches, host.check_estimator, host.check_kept_unit]
+    args = host.parse_host_args(flags)
+    expected = [check(config, args) for check in checks]
+    assert None not in expected
+    assert [problem for problem in error.value.problems if "deepspeed" not in problem] == expected
+    assert str(error.value) == "D3S cannot run with these flags:\n  " + "\n  ".join(error.value.problems)
