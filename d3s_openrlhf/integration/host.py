@@ -499,8 +499,9 @@ def check_schedule_horizon(config: D3SConfig, args) -> Optional[str]:
     return (
         f"{unknown_steps} consumes a varying number of prompts per step, so the run's number of "
         f"steps is not known in advance, but the --d3s.schedule {config.schedule} moves (N {config.n_init} -> "
-        f"{config.n_final}, K {config.k_init} -> {config.k_final}); set --d3s.schedule_steps to the number of "
-        "training steps the schedule (and the LR horizon) should span, or use --d3s.schedule constant"
+        f"{config.n_final}, K {config.k_init} -> {config.k_final}); set --d3s.schedule_steps S (the run then "
+        "trains exactly S steps, cycling over the prompts, and the schedule and the LR horizon span them), or use "
+        "--d3s.schedule constant"
     )
 
 
