@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 
 from bench_selection import cpu_model
-
 from d3s_openrlhf.tasks import addition
 from d3s_openrlhf.testbed import pipeline, toy
 from d3s_openrlhf.testbed.metrics import read_train_scalars

@@ -155,8 +155,9 @@ def write_task_files(directory, config):
     """The task's splits as OpenRLHF JSONL files, and the sizes the model and the runs need.
 
     Returns ``(TaskFiles, characters, max_new_tokens, max_len)``: the characters of every example, sorted, or
-    the module's ``CHARACTERS`` (the tokenizer's vocabulary), the response budget (the module's ``MAX_NEW_TOKENS``, else the longest SFT response
-    plus EOS) and prompt + response tokens (BOS and EOS included)."""
+    the module's ``CHARACTERS`` (the tokenizer's vocabulary), the response budget (the module's
+    ``MAX_NEW_TOKENS``, else the longest SFT response plus EOS) and prompt + response tokens (BOS and EOS
+    included)."""
     task = tasks.load_task(config.task)
     os.makedirs(directory, exist_ok=True)
     splits = {

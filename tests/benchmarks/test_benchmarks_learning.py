@@ -15,9 +15,8 @@ sys.path.insert(0, str(BENCHMARKS))
 
 import bench_learning  # noqa: E402
 import report  # noqa: E402
-from reporting import claims, stats, study  # noqa: E402
-
 from d3s_openrlhf.cli import demo  # noqa: E402
+from reporting import claims, stats, study  # noqa: E402
 
 # 3-letter words over "abcd" reversed; small enough for a 1-epoch SFT and 1-2 RL steps
 TASK = '''

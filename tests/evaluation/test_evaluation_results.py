@@ -104,7 +104,7 @@ def test_score_stops_on_a_non_finite_reward_naming_the_prompt(bad):
     outputs = [SimpleNamespace(token_ids=[3]), SimpleNamespace(token_ids=[4])]
     match = r"returned (nan|inf) for sample 1 of the prompt at data.jsonl:6"
     with pytest.raises(generate.EvaluationError, match=match):
-        generate.score(_request(), outputs, lambda q, p, l: {"rewards": [1.0, bad]}, _Tokenizer())
+        generate.score(_request(), outputs, lambda queries, prompts, labels: {"rewards": [1.0, bad]}, _Tokenizer())
 
 
 def test_score_stops_when_the_reward_raises_naming_the_prompt():
