@@ -533,7 +533,7 @@ def test_training_forward_validates_its_masks(model_dir, cpu_cuda):
         training_forward(
             actor, e.sequences, e.action_mask, e.attention_mask, log_prob_mask=kept,
             fill_log_probs=e.action_log_probs, return_output=True, return_entropy=True,
-        )  # fmt: skip
+        )
     log_probs, output = training_forward(
         actor, e.sequences, e.action_mask, e.attention_mask, return_output=True, return_entropy=True
     )
@@ -605,7 +605,7 @@ def test_a_deepspeed_engine_starts_the_backward_once(stage, moe, process_group, 
     sizes = dict(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
         num_key_value_heads=2, max_position_embeddings=64,
-    )  # fmt: skip
+    )
     torch.manual_seed(0)
     if moe:
         model = MixtralForCausalLM(MixtralConfig(**sizes, num_local_experts=2, num_experts_per_tok=1))
@@ -641,7 +641,7 @@ def wide_vocabulary_batch(tmp_path, rows):
     config = LlamaConfig(
         vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
         num_key_value_heads=2, max_position_embeddings=64,
-    )  # fmt: skip
+    )
     LlamaForCausalLM(config).save_pretrained(tmp_path)
     actor = load_actor(str(tmp_path))
     g = torch.Generator().manual_seed(0)
