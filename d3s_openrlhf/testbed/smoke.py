@@ -47,8 +47,9 @@ CHAT_TEMPLATE = (
     "{% else %}{% for part in message['content'] %}{{ part['text'] }}{% endfor %}{% endif %}{% endfor %}"
 )
 
-# Toy sizes, per node (GPUS_PER_NODE fake GPUs each). G = 32 keeps the scripts' D3S schedule (N 8 -> 32) legal;
-# 2 prompts x 32 rollouts = 64 a step split into kept counts that are multiples of lcm(16, 8 x dp) = 16.
+# Toy sizes, the same for any --nodes and --gpus-per-node. G = 32 keeps the scripts' D3S schedule (N 8 -> 32)
+# legal; 2 prompts x 32 rollouts = 64 a step, split into kept counts that are multiples of lcm(TRAIN_BATCH 16,
+# ROLLOUT_MICRO_BATCH 8 x forward ranks) (integration.host.kept_count_unit): 16 up to 2 ranks, 64 at 8.
 PROMPTS_PER_STEP = 2
 
 
