@@ -34,7 +34,7 @@ from d3s_openrlhf.integration.actor import (
     D3SReplayBuffer,
     pg_mask_from_rows,
 )
-from d3s_openrlhf.integration.host import PG_MASK_KEY
+from d3s_openrlhf.integration.host import PG_MASK_KEY, parse_host_args
 
 VOCAB = 128
 PROMPT = 3
@@ -90,63 +90,27 @@ def load_actor(model_dir, **kwargs):
 
 
 def make_args(**overrides):
-    args = NS(
-        train=NS(
-            max_epochs=1,
-            micro_batch_size=2,
-            batch_size=4,
-            dynamic_batch_enable=False,
-            colocate_all=False,
-            async_enable=False,
-            max_tokens_per_gpu=16,
-            enable_ema=False,
-            ema_beta=0.992,
-        ),
-        actor=NS(
-            eps_clip_low_high=(0.2, 0.2),
-            eps_clip=0.2,
-            dual_clip=None,
-            loss_agg_mode="token-mean",
-            policy_loss_type="ppo",
-            aux_loss_coef=0.0,
-            entropy_coef=None,
-            gradient_checkpointing_enable=False,
-            gradient_checkpointing_reentrant=False,
-            optim="adam",
-            muon=NS(),
-            adam=NS(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0),
-            lr_scheduler="constant",
-            lr_warmup_ratio=0.0,
-            min_lr_ratio=0.1,
-            max_norm=1.0,
-            num_nodes=1,
-            num_gpus_per_node=1,
-        ),
-        algo=NS(
-            advantage=NS(
-                is_correction_level="off",
-                is_correction_mode="mask",
-                is_correction_gating="ratio",
-                is_correction_threshold=(0.5, 5.0),
-            ),
-            kl=NS(use_loss=False, init_coef=0.0, estimator="k3", unbiased_gradient=False),
-        ),
-        ds=NS(
-            packing_samples=False,
-            tensor_parallel_size=1,
-            ring_attn_size=1,
-            attn_implementation="eager",
-            experts_implementation=None,
-            param_dtype="bf16",
-            load_in_4bit=False,
-            lora=NS(rank=0, alpha=16, target_modules=None, dropout=0),
-            use_liger_kernel=False,
-            enable_sleep=False,
-        ),
-        vllm=NS(sync_backend="gloo"),
-        rollout=NS(batch_size=2, n_samples_per_prompt=4, micro_batch_size=1, temperature=1.0),
-        ckpt=NS(save_hf=False, disable_ds=True, load_enable=False, path="/nonexistent-d3s-ckpt"),
-        data=NS(disable_fast_tokenizer=False),
+    """OpenRLHF's arguments as its own parser gives them, on this file's toy sizes; ``group__field=value``
+    overrides set fields after parsing (e.g. ``actor__loss_agg_mode="seq-mean-token-sum"``)."""
+    args = parse_host_args(
+        [
+            *("--train.batch_size", "4"),
+            *("--train.micro_batch_size", "2"),
+            *("--train.max_tokens_per_gpu", "16"),
+            *("--rollout.batch_size", "2"),
+            *("--rollout.n_samples_per_prompt", "4"),
+            *("--actor.num_gpus_per_node", "1"),
+            *("--actor.eps_clip_low_high", "0.2", "0.2"),  # upstream's __main__ fills it from --actor.eps_clip
+            *("--actor.adam.lr", "1e-3"),
+            *("--actor.lr_scheduler", "constant"),
+            *("--actor.lr_warmup_ratio", "0"),
+            *("--algo.kl.init_coef", "0"),
+            *("--algo.kl.estimator", "k3"),
+            *("--ds.attn_implementation", "eager"),
+            *("--vllm.sync_backend", "gloo"),
+            *("--ckpt.path", "/nonexistent-d3s-ckpt"),
+            "--ckpt.disable_ds",
+        ]
     )
     for key, value in overrides.items():
         group, *rest = key.split("__")
