@@ -43,15 +43,15 @@ import time
 from pathlib import Path
 
 import torch
-from memory_probe import MIB, peak_allocated_bytes  # benchmarks/ is sys.path[0] when this file runs
 from openrlhf.models import Actor
 from openrlhf.models.utils import compute_approx_kl
 from transformers import Qwen2Config, Qwen2ForCausalLM
-from upstream_logprobs import install_triton_profile
 
 from d3s_openrlhf.core.entropy import entropy_from_logits
 from d3s_openrlhf.integration.experience_forward import head_free_log_probs
 from d3s_openrlhf.integration.training_forward import final_hidden_states, training_forward
+from memory_probe import MIB, peak_allocated_bytes  # benchmarks/ is sys.path[0] when this file runs
+from upstream_logprobs import install_triton_profile
 
 
 def best_seconds(fn, repeats: int) -> float:

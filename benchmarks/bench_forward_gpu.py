@@ -38,11 +38,11 @@ import time
 from pathlib import Path
 
 import torch
-from memory_probe import MIB, peak_allocated_bytes  # benchmarks/ is sys.path[0] when this file runs
 from transformers import Qwen2Config, Qwen2ForCausalLM
-from upstream_logprobs import upstream_log_probs
 
 from d3s_openrlhf.core.logprobs import chunk_budget_bytes, chunked_logprobs_entropy, default_chunk_size
+from memory_probe import MIB, peak_allocated_bytes  # benchmarks/ is sys.path[0] when this file runs
+from upstream_logprobs import upstream_log_probs
 
 TEMPERATURE = 0.6  # the scripts' --rollout.temperature: upstream divides its fp32 logits in place
 

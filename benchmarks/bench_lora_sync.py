@@ -31,6 +31,7 @@ from types import SimpleNamespace as NS
 import ray
 import torch
 import torch.distributed as dist
+
 from bench_selection import cpu_model  # benchmarks/ is sys.path[0] when this file runs
 
 

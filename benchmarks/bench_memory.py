@@ -27,11 +27,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from memory_probe import MIB, peak_allocated_bytes  # benchmarks/ is sys.path[0] when this file runs
 from openrlhf.models.utils import compute_entropy, log_probs_from_logits
 
 from d3s_openrlhf.core.entropy import entropy_from_logits
 from d3s_openrlhf.core.logprobs import chunked_logprobs_entropy, default_chunk_size
+from memory_probe import MIB, peak_allocated_bytes  # benchmarks/ is sys.path[0] when this file runs
 
 
 def upstream(hidden, weight, targets, action_width, tap):

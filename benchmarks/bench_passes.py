@@ -23,10 +23,10 @@ from __future__ import annotations
 import torch
 from openrlhf.models import Actor
 from openrlhf.models.utils import compute_entropy
-from pass_count import block_passes  # benchmarks/ is sys.path[0] when this file runs
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from d3s_openrlhf.core.logprobs import chunked_logprobs_entropy
+from pass_count import block_passes  # benchmarks/ is sys.path[0] when this file runs
 
 TOKENS, VOCAB, HIDDEN, TEMPERATURE = 33, 4096, 8, 0.7
 BLOCK = (TOKENS - 1) * VOCAB  # the logits of the scored positions; weights (V x H) and the body stay below it

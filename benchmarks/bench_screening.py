@@ -52,7 +52,7 @@ class FakeEngine:
             dict(prompt=prompt, label=label, observation_tokens=[1, 2, 3, 4], action_ranges=[(2, 4)], reward=r,
                  scores=r, rollout_log_probs=None, extra_logs={})
             for r in rewards
-        ]  # fmt: skip
+        ]
 
 
 def collate(items):

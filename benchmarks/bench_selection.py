@@ -169,8 +169,8 @@ def main() -> None:
         "",
         f"- Date: {now}",
         f"- Machine: {cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__} "
-        f"({args.threads or default_threads} intra-op threads in the main table), Python {platform.python_version()}; load average at the "
-        f"end {os.getloadavg()[0]:.2f} (the machine is shared)",
+        f"({args.threads or default_threads} intra-op threads in the main table), Python "
+        f"{platform.python_version()}; load average at the end {os.getloadavg()[0]:.2f} (the machine is shared)",
         "- Values: float32 standard normal, shape (B, G). Keep: G/4 per prompt (intra), B*G/4 in total (cross).",
         f"- Median of {args.repeats} runs (ours) and {args.ref_repeats} runs (reference), after warm-up runs.",
         "- Reference: PODS-style, a Python loop over groups (cross: one pooled group), a sort per group, then the",

@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 
 from bench_selection import cpu_model
-
 from d3s_openrlhf.tasks import addition
 from d3s_openrlhf.testbed import pipeline, toy
 from d3s_openrlhf.testbed.metrics import read_train_scalars
@@ -56,9 +55,14 @@ def d3s_flags(n, k):
         return []
     # cross scope, a constant schedule: every step runs at this (N, K)
     return [
-        "--d3s.preset", "d3s", "--d3s.sample_scope", "cross", "--d3s.schedule", "constant",
-        "--d3s.n_init", n, "--d3s.n_final", n, "--d3s.k_init", k, "--d3s.k_final", k,
-    ]  # fmt: skip
+        *("--d3s.preset", "d3s"),
+        *("--d3s.sample_scope", "cross"),
+        *("--d3s.schedule", "constant"),
+        *("--d3s.n_init", n),
+        *("--d3s.n_final", n),
+        *("--d3s.k_init", k),
+        *("--d3s.k_final", k),
+    ]
 
 
 def write_inputs(workdir):

@@ -11,8 +11,8 @@ from d3s_openrlhf.core.batching import intra_counts, kept_unit, legal_kept_count
 from d3s_openrlhf.core.config import PRESETS, D3SConfig
 from d3s_openrlhf.core.entropy import entropy_from_logits
 from d3s_openrlhf.core.logprobs import chunked_logprobs_entropy
-from d3s_openrlhf.core.schedule import DownSamplingSchedule
 from d3s_openrlhf.core.metrics import step_metrics
+from d3s_openrlhf.core.schedule import DownSamplingSchedule
 from d3s_openrlhf.core.selection import SELECTION_RULES, select_rollouts, step_generator
 from d3s_openrlhf.core.token_mask import token_keep_mask, token_mask_metrics
 

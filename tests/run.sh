@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # The test command of the README: builds the CPU environment from nothing (examples/cpu/setup_env.sh,
 # idempotent) and runs the whole suite: the pure core, the OpenRLHF integration, the examples and the
-# end-to-end runs of the real Ray pipeline. Extra arguments go to pytest (e.g. `-m "not e2e"`).
+# end-to-end runs of the real Ray pipeline, after the linter (ruff.toml). Extra arguments go to pytest (e.g.
+# `-m "not e2e"`).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 bash examples/cpu/setup_env.sh
 PY="${D3S_VENV:-$ROOT/.venv}/bin/python"
+LINTED=(setup.py d3s_openrlhf tests benchmarks)  # every tracked .py; ruff format fixes what --check finds
+"$PY" -m ruff check "${LINTED[@]}"
+"$PY" -m ruff format --check "${LINTED[@]}"
 exec "$PY" -m pytest -ra "$@"

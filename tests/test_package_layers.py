@@ -4,11 +4,12 @@
     core, cpu  <-  evaluation (checkpoint evaluation)  <-  cli
     rewards  <-  data;  tasks  <-  testbed (toy model, pipeline, smoke runner: drives the cpu runtime)  <-  cli
 
-Nothing imports upward, the worker side does not import the driver's experience maker, and no two subpackages
-import each other.
+Nothing imports upward, the worker side does not import the driver's experience maker, no two subpackages
+import each other, and no module imports itself through others (an import cycle).
 """
 
 import ast
+import graphlib
 import itertools
 from pathlib import Path
 
@@ -81,3 +82,31 @@ def test_no_two_subpackages_import_each_other():
 def test_the_worker_side_does_not_import_the_driver():
     for worker in ("actor", "training_forward", "experience_forward"):
         assert "d3s_openrlhf.integration.experience_maker" not in GRAPH[f"d3s_openrlhf.integration.{worker}"]
+
+
+def module_of(name):
+    """The source module a dotted name imports: the module itself, or the package's ``__init__``; None for a name
+    defined inside a module."""
+    for module in (name, f"{name}.__init__"):
+        if module in GRAPH:
+            return module
+    return None
+
+
+def modules_imported(path):
+    """The modules of ours a source file imports: ``from package import module`` imports ``module``, ``from module
+    import name`` imports ``module`` (the parent packages' ``__init__`` that any import runs first are not counted)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {module_of(alias.name) for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("d3s_openrlhf"):
+            found |= {module_of(f"{node.module}.{alias.name}") or module_of(node.module) for alias in node.names}
+    return found - {None}
+
+
+def test_no_import_cycle():
+    try:
+        graphlib.TopologicalSorter({module: modules_imported(path) for module, path in zip(GRAPH, SOURCES)}).prepare()
+    except graphlib.CycleError as error:
+        pytest.fail(f"import cycle: {' -> '.join(error.args[1])}")

@@ -114,9 +114,8 @@ def claims(parts, eval_every):
         speedup = _speedup(grpo["reach_peak"], method["reach_peak"])
         reward = _reward_speedup(grpo, method, "peak")
         verdict, qualifier = _speed_verdict(speedup, reward, PAPER_SPEEDUP["PODS"], drift)
-        found.append(Claim(
-            f"PODS, \"reaches GRPO's peak at least {PAPER_SPEEDUP['PODS']}x sooner\"",
-            verdict,
+        label = f"PODS, \"reaches GRPO's peak at least {PAPER_SPEEDUP['PODS']}x sooner\""
+        detail = (
             f"{qualifier}. GRPO (n = m = {grpo['group']}) peaks at "
             f"{pods['peak']:.3f} held-out greedy, reached first {_reach_text(grpo['reach_peak'])}; PODS (n = "
             f"{method['group']}, m = {grpo['group']}) reaches it {_reach_text(method['reach_peak'])}"
@@ -124,19 +123,20 @@ def claims(parts, eval_every):
             + f" {resolution}. {_reward_clock(grpo, method, 'peak', 'PODS')} Final greedy "
             f"{mean_std(method['final_greedy'])} against GRPO's {mean_std(grpo['final_greedy'])} "
             f"(p = {p_text(method['test_vs_grpo'])})."
-        ))  # fmt: skip
+        )
+        found.append(Claim(label, verdict, detail))
     rules = ["PODS", "PODS-random", "PODS-max-reward"]
     if pods and set(rules) <= set(pods["info"]):
         ms = [pods["info"][r] for r in rules]
         tests = [welch_t_test(a["mean_greedy"], b["mean_greedy"]) for a, b in zip(ms, ms[1:])]
-        found.append(Claim(
-            "PODS's rule ablation, \"max-variance > random > max-reward\" (82.6 / 81.6 / 67.3 on GSM8K)",
-            _order_verdict(tests),
+        label = "PODS's rule ablation, \"max-variance > random > max-reward\" (82.6 / 81.6 / 67.3 on GSM8K)"
+        detail = (
             ". Held-out greedy accuracy averaged over the run's evaluations (how fast and how "
             f"far it learns): {' / '.join(mean_std(m['mean_greedy']) for m in ms)}; final "
             f"{' / '.join(mean_std(m['final_greedy']) for m in ms)}. Welch p of max-variance vs random "
             f"{p_text(tests[0])}, random vs max-reward {p_text(tests[1])}."
-        ))  # fmt: skip
+        )
+        found.append(Claim(label, _order_verdict(tests), detail))
     if not family or "GRPO" not in family["info"]:
         return found
     info = family["info"]
@@ -149,66 +149,65 @@ def claims(parts, eval_every):
             steps = grpo["reach_final"]["step"] / d3s["reach_final"]["step"]
         reward = _reward_speedup(grpo, d3s, "final")
         verdict, qualifier = _speed_verdict(speedup, reward, PAPER_SPEEDUP["D3S"], drift)
-        found.append(Claim(
-            f"D3S, \"{PAPER_SPEEDUP['D3S']}x faster than GRPO\"",
-            verdict,
+        detail = (
             f"{qualifier}. GRPO's final held-out greedy {family['target']:.3f} is first reached by GRPO "
             f"{_reach_text(grpo['reach_final'])}, by D3S {_reach_text(d3s['reach_final'])}"
             + ("" if speedup is None else f": {speedup:.2f}x in wall time, {steps:.2f}x in steps")
             + f" {resolution}. {_reward_clock(grpo, d3s, 'final', 'D3S')} Final greedy "
             f"{mean_std(d3s['final_greedy'])} against GRPO's {mean_std(grpo['final_greedy'])} "
             f"(p = {p_text(d3s['test_vs_grpo'])})."
-        ))  # fmt: skip
+        )
+        found.append(Claim(f"D3S, \"{PAPER_SPEEDUP['D3S']}x faster than GRPO\"", verdict, detail))
         share = d3s["tokens_total"] / grpo["tokens_total"]
-        found.append(Claim(
-            'D3S, "under 20% of the tokens"',
-            AGREES if share < 0.2 else DISAGREES,
+        detail = (
             f". D3S trained on {100 * share:.1f}% of GRPO's policy-gradient tokens over the run "
             f"({d3s['tokens_total'] / 1e3:.1f}k against {grpo['tokens_total'] / 1e3:.1f}k, seed means); this follows "
             "from the schedule's N and K and the zero-variance groups, not from learning."
-        ))  # fmt: skip
+        )
+        found.append(Claim('D3S, "under 20% of the tokens"', AGREES if share < 0.2 else DISAGREES, detail))
         test = welch_t_test(d3s["grad_mean"], grpo["grad_mean"])
         baseline = np.mean(grpo["grad_mean"])  # 0 when every GRPO group had equal rewards
         ratio = f"{np.mean(d3s['grad_mean']) / baseline:.2f}x" if baseline > 0 else "no ratio: GRPO's norm is 0"
-        found.append(Claim(
-            'D3S, "a higher gradient norm"',
-            _order_verdict([test]),
+        detail = (
             f". Mean actor gradient norm over the run {mean_std(d3s['grad_mean'], '{:.2f}')} against GRPO's "
             f"{mean_std(grpo['grad_mean'], '{:.2f}')} "
             f"({ratio}, Welch p = {p_text(test)}; OpenRLHF logs the norm of a step's last optimizer step)."
-        ))  # fmt: skip
+        )
+        found.append(Claim('D3S, "a higher gradient norm"', _order_verdict([test]), detail))
     if {"D1S", "D2S", "D3S"} <= set(info):
         tests = [welch_t_test(info[m]["drop"], info["D3S"]["drop"]) for m in ("D1S", "D2S")]
         drops = ", ".join(f"{m} {mean_std(info[m]['drop'])}" for m in ("D1S", "D2S", "D3S"))
-        found.append(Claim(
-            'D3S, "D1S and D2S overfit without the schedule"',
-            _order_verdict(tests),
+        detail = (
             ". Read as a held-out greedy accuracy that falls from its peak by the end of the run (peak - final, per "
             f"seed): {drops}; Welch p against D3S: D1S {p_text(tests[0])}, D2S {p_text(tests[1])}. Final greedy: "
             + ", ".join(f"{m} {mean_std(info[m]['final_greedy'])}" for m in ("D1S", "D2S", "D3S"))
-            + ".",
-        ))  # fmt: skip
+            + "."
+        )
+        found.append(Claim('D3S, "D1S and D2S overfit without the schedule"', _order_verdict(tests), detail))
     pairs = [(c, i) for c, i in (("D3S", "D3S-I"), ("D1S-Cross", "D1S")) if c in info and i in info]
     if pairs:
         verdicts, texts = [], []
         for cross, intra in pairs:
-            spread = [float(np.std(info[m]["final_greedy"], ddof=1)) if len(info[m]["seeds"]) > 1 else 0.0
-                      for m in (cross, intra)]  # fmt: skip
+            spread = [
+                float(np.std(info[m]["final_greedy"], ddof=1)) if len(info[m]["seeds"]) > 1 else 0.0
+                for m in (cross, intra)
+            ]
             fall = [float(max(0.0, -np.diff(info[m]["curve"]).min())) for m in (cross, intra)]
             verdicts.append((spread[0] > spread[1]) + (fall[0] > fall[1]))
             texts.append(
                 f"{cross} against {intra}: seed spread of the final greedy {spread[0]:.3f} vs {spread[1]:.3f}, "
                 f"largest fall between evaluations of the seed-mean curve {fall[0]:.3f} vs {fall[1]:.3f}"
             )
-        verdict = (
-            AGREES if all(v == 2 for v in verdicts)
-            else DISAGREES if all(v == 0 for v in verdicts)
-            else UNRESOLVED
-        )  # fmt: skip
-        found.append(Claim(
-            'D3S, "cross-group selection is less stable than intra-group" (seen on unaligned Llama3.1-8B-Instruct)',
-            verdict,
+        if all(v == 2 for v in verdicts):
+            verdict = AGREES
+        elif all(v == 0 for v in verdicts):
+            verdict = DISAGREES
+        else:
+            verdict = UNRESOLVED
+        label = 'D3S, "cross-group selection is less stable than intra-group" (seen on unaligned Llama3.1-8B-Instruct)'
+        detail = (
             " (it would agree if cross were worse on both measures in every pair, disagree if better on both in "
-            "every pair). " + "; ".join(texts) + ".",
-        ))  # fmt: skip
+            "every pair). " + "; ".join(texts) + "."
+        )
+        found.append(Claim(label, verdict, detail))
     return found

@@ -64,11 +64,12 @@ def step_cost_section(cost):
     for point in points:
         kept = point["kept_rollouts"] / base["kept_rollouts"]
         tokens = point["pg_tokens"] / base["pg_tokens"]
+        experience = point["timing/make_experience"] / base["timing/make_experience"]
         cells = [
             point["label"],
             f"{point['kept_rollouts']:.0f} ({kept:.2f})",
             f"{point['pg_tokens']:.0f} ({tokens:.2f})",
-            f"{point['timing/make_experience']:.2f} s ({point['timing/make_experience'] / base['timing/make_experience']:.2f})",
+            f"{point['timing/make_experience']:.2f} s ({experience:.2f})",
             f"{point['timing/ppo_train']:.2f} s ({point['timing/ppo_train'] / base['timing/ppo_train']:.2f})",
             f"{point['timing/generation']:.2f} s",
             f"{point['timing/step_total']:.2f} s ({point['timing/step_total'] / base['timing/step_total']:.2f})",
@@ -161,7 +162,8 @@ def selection_section(selection, cost, parts):
         "## 3. Selection overhead in context",
         "",
         f"Core benchmark (`.venv/bin/python benchmarks/bench_selection.py`, {selection['date']}, "
-        "[RESULTS_selection.md](RESULTS_selection.md)): exact max-variance selection of B x G rollouts, torch's default threads.",
+        "[RESULTS_selection.md](RESULTS_selection.md)): exact max-variance selection of B x G rollouts, "
+        "torch's default threads.",
         "",
         "| B x G | intra (ms) | cross (ms) |",
         "|:---|---:|---:|",

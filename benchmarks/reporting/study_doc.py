@@ -9,9 +9,16 @@ from .stats import mean_std, p_text, thirds, trailing_mean, welch_t_test
 from .study import SMOOTH
 
 STUDY_COLORS = {
-    "GRPO": "tab:gray", "PODS": "tab:orange", "PODS-random": "tab:brown", "PODS-max-reward": "tab:pink",
-    "D1S": "tab:purple", "D1S-Cross": "tab:olive", "D2S": "tab:cyan", "D3S": "tab:blue", "D3S-I": "tab:green",
-}  # fmt: skip
+    "GRPO": "tab:gray",
+    "PODS": "tab:orange",
+    "PODS-random": "tab:brown",
+    "PODS-max-reward": "tab:pink",
+    "D1S": "tab:purple",
+    "D1S-Cross": "tab:olive",
+    "D2S": "tab:cyan",
+    "D3S": "tab:blue",
+    "D3S-I": "tab:green",
+}
 
 
 def plot_study(parts, path):
@@ -74,8 +81,8 @@ def early_learning(parts):
 def study_body(document, parts, plot_path, found, heading="##"):
     """The study's description, one table per part, the plot and the claims (``claims``' lines), under
     ``heading``-level parts."""
-    dates = sorted({run["date"] for methods in document["results"].values() for seeds in methods.values()
-                    for run in seeds.values()})  # fmt: skip
+    runs = [run for methods in document["results"].values() for seeds in methods.values() for run in seeds.values()]
+    dates = sorted({run["date"] for run in runs})
     config = document["task_config"]
     quick = document.get("quick", False)
     lines = [
@@ -116,9 +123,8 @@ def study_body(document, parts, plot_path, found, heading="##"):
             grad = thirds(np.mean([r["grad"] for r in m["runs"]], axis=0))
             r = m.get("reach_final", dict(step=None, tokens=None, wall=None, generation_share=None))
             reach_step = "not reached" if r["step"] is None else str(r["step"])
-            wall = "-" if r["wall"] is None else (
-                f"{r['wall']:.0f} s" + ("" if r["generation_share"] is None else f" ({100 * r['generation_share']:.0f}%)")
-            )  # fmt: skip
+            share = "" if r["generation_share"] is None else f" ({100 * r['generation_share']:.0f}%)"
+            wall = "-" if r["wall"] is None else f"{r['wall']:.0f} s{share}"
             tokens = "-" if r["tokens"] is None else f"{r['tokens'] / 1e3:.1f}k"
             p = "-" if method == "GRPO" or "test_vs_grpo" not in m else p_text(m["test_vs_grpo"])
             lines.append(

@@ -44,12 +44,12 @@ def parse(argv):
 
 def main(argv=None):
     options = parse(sys.argv[1:] if argv is None else argv)
-    from d3s_openrlhf.cpu import patches, preflight, runtime
+    from d3s_openrlhf.cpu import precision, preflight, runtime
 
     if options.fp32:
-        os.environ[patches.FP32_ENV] = "1"
+        os.environ[precision.FP32_ENV] = "1"
     try:
-        fp32 = patches.fp32_requested()
+        fp32 = precision.fp32_requested()
     except ValueError as exc:
         print(f"python -m d3s_openrlhf.cli.cpu: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
@@ -63,7 +63,7 @@ def main(argv=None):
             print(f"python -m d3s_openrlhf.cli.cpu: error: {exc}", file=sys.stderr)
             raise SystemExit(2) from exc
     if fp32:
-        print(f"{preflight.PREFIX} float32 for every model ({patches.FP32_ENV}=1)", file=sys.stderr)
+        print(f"{preflight.PREFIX} float32 for every model ({precision.FP32_ENV}=1)", file=sys.stderr)
     runtime.activate(address=options.address, num_gpus=options.num_gpus)
     sys.argv = [options.module, *args]
     try:

@@ -7,8 +7,9 @@
    exact-match reward, ``d3s_openrlhf/tasks/addition.py``);
 2. SFT warm start with OpenRLHF's ``openrlhf.cli.train_sft``;
 3. RL with GRPO + D3S through ``d3s_openrlhf.cli.train_ppo_ray`` with OpenRLHF's vLLM engine: 16 prompts x
-   16 rollouts per step, 3 passes over the RL prompts (addition: 400 prompts, 75 steps), cross-group max-variance rollout selection and
-   |A|*H token selection on a linear schedule N 4 -> 12 rollouts per prompt, K 30% -> 80% of tokens
+   16 rollouts per step, 3 passes over the RL prompts (addition: 400 prompts, 75 steps), cross-group
+   max-variance rollout selection and |A|*H token selection on a linear schedule N 4 -> 12 rollouts per prompt,
+   K 30% -> 80% of tokens
    (``--grpo-only``: the same run without D3S). Both stages run under the CPU runtime
    (``python -m d3s_openrlhf.cli.cpu``);
 4. reads the per-step metrics OpenRLHF logged (tensorboard), evaluates the SFT and the RL model on held-out

@@ -21,29 +21,53 @@ DEFAULT_REWARD = os.path.join(os.path.dirname(os.path.abspath(d3s_openrlhf.rewar
 
 def parse(argv):
     parser = argparse.ArgumentParser(prog="python -m d3s_openrlhf.cli.evaluate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", nargs="+", required=True, help="Hugging Face model directories (e.g. a run's "
-                        "--ckpt.output_dir); several give one row each")  # fmt: skip
-    parser.add_argument("--data", nargs="+", required=True, help="JSONL files as d3s_openrlhf.data.prepare writes "
-                        "them ({prompt, label, datasource}); a benchmark per datasource")  # fmt: skip
+    parser.add_argument(
+        "--model",
+        nargs="+",
+        required=True,
+        help="Hugging Face model directories (e.g. a run's --ckpt.output_dir); several give one row each",
+    )
+    parser.add_argument(
+        "--data",
+        nargs="+",
+        required=True,
+        help="JSONL files as d3s_openrlhf.data.prepare writes them ({prompt, label, datasource}); "
+        "a benchmark per datasource",
+    )
     parser.add_argument("--input_key", default="prompt", help="the prompt's key (default prompt)")
     parser.add_argument("--label_key", default="label", help="the label's key (default label)")
-    parser.add_argument("--apply_chat_template", action="store_true", help="wrap the prompt in the tokenizer's chat "
-                        "template, as OpenRLHF's --data.apply_chat_template")  # fmt: skip
+    parser.add_argument(
+        "--apply_chat_template",
+        action="store_true",
+        help="wrap the prompt in the tokenizer's chat template, as OpenRLHF's --data.apply_chat_template",
+    )
     parser.add_argument("--n", type=int, default=32, help="samples per prompt (default 32)")
     parser.add_argument("--k", type=int, nargs="+", default=[1, 8], help="the k of pass@k, each <= n (default 1 8)")
-    parser.add_argument("--temperature", type=float, default=0.6, help="sampling temperature (default 0.6, "
-                        "OpenRLHF's --eval.temperature)")  # fmt: skip
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=0.6,
+        help="sampling temperature (default 0.6, OpenRLHF's --eval.temperature)",
+    )
     parser.add_argument("--top_p", type=float, default=1.0)
     parser.add_argument("--max_new_tokens", type=int, default=3072, help="response budget (default 3072)")
-    parser.add_argument("--seed", type=int, default=42, help="sample j of prompt i is drawn with seed + i * n + j "
-                        "(default 42)")  # fmt: skip
+    parser.add_argument(
+        "--seed", type=int, default=42, help="sample j of prompt i is drawn with seed + i * n + j (default 42)"
+    )
     parser.add_argument("--greedy", action="store_true", help="one more greedy sample per prompt (reported apart)")
-    parser.add_argument("--reward", default=DEFAULT_REWARD, help="reward file, as training's --reward.remote_url "
-                        "(default: d3s_openrlhf/rewards/math_reward.py)")  # fmt: skip
+    parser.add_argument(
+        "--reward",
+        default=DEFAULT_REWARD,
+        help="reward file, as training's --reward.remote_url (default: d3s_openrlhf/rewards/math_reward.py)",
+    )
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--num_engines", type=int, default=1, help="vLLM engines (data parallel, default 1)")
-    parser.add_argument("--tensor_parallel_size", type=int, default=1, help="GPUs per engine (default 1; a node's "
-                        "GPU count shards the model over the node)")  # fmt: skip
+    parser.add_argument(
+        "--tensor_parallel_size",
+        type=int,
+        default=1,
+        help="GPUs per engine (default 1; a node's GPU count shards the model over the node)",
+    )
     parser.add_argument("--enforce_eager", action="store_true", help="no CUDA graphs (always on CPU)")
     options = parser.parse_args(argv)
     for flag in ("num_engines", "tensor_parallel_size"):
@@ -70,8 +94,10 @@ def main(argv=None):
     try:
         evaluate(options, rows, reward_func)
     except EvaluationError as error:
-        print(f"python -m d3s_openrlhf.cli.evaluate: stopped: {error} (samples so far kept in {options.out})",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"python -m d3s_openrlhf.cli.evaluate: stopped: {error} (samples so far kept in {options.out})",
+            file=sys.stderr,
+        )
         raise SystemExit(1) from error
     with open(os.path.join(options.out, "results.md")) as f:
         print(f.read(), end="")

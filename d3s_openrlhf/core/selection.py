@@ -178,7 +178,9 @@ def _max_var_split(ends: torch.Tensor, m: int, generator, use_numpy: bool | None
     rows, w = ends.shape
     draws = _rand(rows, generator, ends.device)  # (R,) one uniform draw per row for its tied optima
     x = ends.to(torch.float64)
-    if ends.device.type == "cpu" if use_numpy is None else use_numpy:
+    if use_numpy is None:
+        use_numpy = ends.device.type == "cpu"
+    if use_numpy:
         x, draws, steps = x.numpy(), draws.numpy(), np.arange(m)
     else:
         steps = torch.arange(m, device=ends.device)

@@ -58,8 +58,9 @@ import os
 import sys
 import threading
 
+from d3s_openrlhf.cpu.precision import fp32_requested
+
 CPU_ENV = "D3S_OPENRLHF_CPU"  # "1" in the driver and every process of a job the CPU runtime starts
-FP32_ENV = "D3S_OPENRLHF_CPU_FP32"
 _applied = False
 _lock = threading.Lock()
 _post_import = {}  # module name -> list of callables(module)
@@ -208,14 +209,6 @@ def _flash_attn_2_available(*args, **kwargs):
 def _patch_transformers_flash_attention(module):
     module.is_flash_attn_2_available = _flash_attn_2_available
     module.FLASH_ATTENTION_COMPATIBILITY_MATRIX[2]["general_availability_check"] = _flash_attn_2_available
-
-
-def fp32_requested():
-    """Whether ``D3S_OPENRLHF_CPU_FP32`` asks for float32 (``1``); raises ValueError on other values than 0/1."""
-    value = os.environ.get(FP32_ENV, "0")
-    if value not in ("0", "1"):
-        raise ValueError(f"{FP32_ENV}={value!r}: set it to 1 (float32 everywhere) or 0 / unset (--ds.param_dtype)")
-    return value == "1"
 
 
 def _float32(param_dtype):

@@ -18,7 +18,7 @@ import atexit
 import os
 import socket
 
-from d3s_openrlhf.cpu import patches
+from d3s_openrlhf.cpu import patches, precision
 from d3s_openrlhf.integration import host
 
 ENV_FLAG = patches.CPU_ENV
@@ -87,7 +87,7 @@ def _worker_env():
     env = {}
     for key, default in WORKER_ENV_DEFAULTS.items():
         env[key] = os.environ.get(key, default)
-    for key in ("TORCH_EXTENSIONS_DIR", "OMP_NUM_THREADS", "PYTHONPATH", "HF_HUB_OFFLINE", patches.FP32_ENV):
+    for key in ("TORCH_EXTENSIONS_DIR", "OMP_NUM_THREADS", "PYTHONPATH", "HF_HUB_OFFLINE", precision.FP32_ENV):
         if key in os.environ:
             env[key] = os.environ[key]
     return env

@@ -2,7 +2,7 @@
 
 from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
 
-from d3s_openrlhf.cpu.patches import fp32_requested
+from d3s_openrlhf.cpu.precision import fp32_requested
 
 WORKER_EXTENSION = "d3s_openrlhf.cpu.weight_sync.GlooWeightSyncWorkerExtension"
 

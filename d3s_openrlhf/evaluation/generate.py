@@ -139,7 +139,7 @@ def sample_lines(model: str, request: Request, sampled, greedy, rewards: List[fl
 def generate_and_score(
     engines, requests: Sequence[Request], sampling: Sampling, reward_func, tokenizer, model: str,
     on_prompt: Callable[[List[dict]], None],
-) -> None:  # fmt: skip
+) -> None:
     """Generate every request's samples on ``engines``, score them, and hand each complete prompt's lines to
     ``on_prompt`` (in completion order)."""
     import ray

@@ -21,7 +21,7 @@ SETTINGS_FILE = "settings.json"
 SAMPLE_FLAGS = (
     "model", "data", "input_key", "label_key", "apply_chat_template", "n", "temperature", "top_p",
     "max_new_tokens", "seed", "greedy", "reward",
-)  # fmt: skip
+)
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,9 @@ so does the whole job.
 :func:`watched_get` is ``ray.get`` that also watches named actors: each holds one pending ping
 (``__ray_ready__``, which Ray's actors answer between tasks, and an async actor such as a vLLM engine at once),
 sent once the wait has lasted :data:`PING_INTERVAL_S` and renewed as often (a quick wait sends none); a dead
-actor fails its ping as soon as Ray knows of the death, and the wait ends with :class:`DeadActorError` naming the actor and Ray's account of what killed it. A result that fails ends
-the wait at once too, whichever its position in the list. :class:`WatchingRay` puts it in the place of the
+actor fails its ping as soon as Ray knows of the death, and the wait ends with :class:`DeadActorError` naming
+the actor and Ray's account of what killed it. A result that fails ends the wait at once too, whichever its
+position in the list. :class:`WatchingRay` puts it in the place of the
 ``ray`` module an upstream method reads (``seams.swapped_globals``).
 """
 

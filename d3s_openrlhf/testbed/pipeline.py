@@ -126,37 +126,35 @@ class Prepared:
     max_len: int = 16  # prompt + response tokens (--data.max_len)
 
 
-# (flag, value) pairs, one per line
-# fmt: off
 def sft_args(base_model, data, output_dir, config, max_len=32):
     return [
-        "--model.model_name_or_path", base_model,
-        "--data.dataset", data,
-        "--data.input_key", "input",
-        "--data.output_key", "output",
-        "--data.input_template", "{}",
-        "--data.max_len", max_len,
-        "--train.batch_size", config.sft_batch_size,
-        "--train.micro_batch_size", config.sft_batch_size,
-        "--train.max_epochs", config.sft_epochs,
-        "--train.seed", config.seed,
-        "--ds.zero_stage", 0,
-        "--ds.attn_implementation", "eager",
-        "--adam.lr", config.sft_lr,
-        "--lr_warmup_ratio", 0.02,
-        "--min_lr_ratio", 0.5,
-        "--ckpt.output_dir", output_dir,
-        "--ckpt.path", os.path.join(output_dir, "_ckpt"),
+        *("--model.model_name_or_path", base_model),
+        *("--data.dataset", data),
+        *("--data.input_key", "input"),
+        *("--data.output_key", "output"),
+        *("--data.input_template", "{}"),
+        *("--data.max_len", max_len),
+        *("--train.batch_size", config.sft_batch_size),
+        *("--train.micro_batch_size", config.sft_batch_size),
+        *("--train.max_epochs", config.sft_epochs),
+        *("--train.seed", config.seed),
+        *("--ds.zero_stage", 0),
+        *("--ds.attn_implementation", "eager"),
+        *("--adam.lr", config.sft_lr),
+        *("--lr_warmup_ratio", 0.02),
+        *("--min_lr_ratio", 0.5),
+        *("--ckpt.output_dir", output_dir),
+        *("--ckpt.path", os.path.join(output_dir, "_ckpt")),
     ]
-# fmt: on
 
 
 def write_task_files(directory, config):
     """The task's splits as OpenRLHF JSONL files, and the sizes the model and the runs need.
 
     Returns ``(TaskFiles, characters, max_new_tokens, max_len)``: the characters of every example, sorted, or
-    the module's ``CHARACTERS`` (the tokenizer's vocabulary), the response budget (the module's ``MAX_NEW_TOKENS``, else the longest SFT response
-    plus EOS) and prompt + response tokens (BOS and EOS included)."""
+    the module's ``CHARACTERS`` (the tokenizer's vocabulary), the response budget (the module's
+    ``MAX_NEW_TOKENS``, else the longest SFT response plus EOS) and prompt + response tokens (BOS and EOS
+    included)."""
     task = tasks.load_task(config.task)
     os.makedirs(directory, exist_ok=True)
     splits = {
@@ -255,8 +253,12 @@ class RLConfig:
 # the demo's RL run (``python -m d3s_openrlhf.cli.demo``), also the learning study's base
 DEMO_PROMPTS_PER_STEP = 16
 DEMO_D3S_FLAGS = [
-    "--d3s.preset", "d3s", "--d3s.n_init", 4, "--d3s.n_final", 12, "--d3s.k_init", 0.3, "--d3s.k_final", 0.8,
-]  # fmt: skip
+    *("--d3s.preset", "d3s"),
+    *("--d3s.n_init", 4),
+    *("--d3s.n_final", 12),
+    *("--d3s.k_init", 0.3),
+    *("--d3s.k_final", 0.8),
+]
 
 
 def demo_rl_config(task_config, episodes, d3s=True, prepared=None):
@@ -282,39 +284,37 @@ def demo_rl_config(task_config, episodes, d3s=True, prepared=None):
     )
 
 
-# fmt: off
 def ppo_args(model, task, out_dir, config):
     return [
-        "--actor.model_name_or_path", model,
-        "--reward.remote_url", config.reward,
-        "--data.prompt_dataset", task.prompts,
-        "--data.input_key", "input",
-        "--data.label_key", "label",
-        "--data.max_samples", config.prompts_per_step * config.steps,
-        "--train.num_episodes", config.episodes,
-        "--train.seed", config.seed,
-        "--data.max_len", config.max_len,
-        "--rollout.max_new_tokens", config.max_new_tokens,
-        "--rollout.batch_size", config.prompts_per_step,
-        "--rollout.n_samples_per_prompt", config.samples_per_prompt,
-        "--rollout.micro_batch_size", config.micro_batch_size,
-        "--train.batch_size", config.train_batch_size,
-        "--train.micro_batch_size", config.micro_batch_size,
-        "--algo.advantage.estimator", config.estimator,
-        "--algo.kl.init_coef", config.kl_coef,
-        "--actor.num_nodes", 1,
-        "--actor.num_gpus_per_node", config.actor_gpus,
-        "--ref.num_gpus_per_node", config.actor_gpus,  # upstream's default (8) would wait forever for GPUs
-        "--actor.adam.lr", config.lr,
-        "--actor.lr_warmup_ratio", 0,
-        "--vllm.num_engines", 1,
-        "--vllm.sync_backend", "gloo",
+        *("--actor.model_name_or_path", model),
+        *("--reward.remote_url", config.reward),
+        *("--data.prompt_dataset", task.prompts),
+        *("--data.input_key", "input"),
+        *("--data.label_key", "label"),
+        *("--data.max_samples", config.prompts_per_step * config.steps),
+        *("--train.num_episodes", config.episodes),
+        *("--train.seed", config.seed),
+        *("--data.max_len", config.max_len),
+        *("--rollout.max_new_tokens", config.max_new_tokens),
+        *("--rollout.batch_size", config.prompts_per_step),
+        *("--rollout.n_samples_per_prompt", config.samples_per_prompt),
+        *("--rollout.micro_batch_size", config.micro_batch_size),
+        *("--train.batch_size", config.train_batch_size),
+        *("--train.micro_batch_size", config.micro_batch_size),
+        *("--algo.advantage.estimator", config.estimator),
+        *("--algo.kl.init_coef", config.kl_coef),
+        *("--actor.num_nodes", 1),
+        *("--actor.num_gpus_per_node", config.actor_gpus),
+        *("--ref.num_gpus_per_node", config.actor_gpus),  # upstream's default (8) would wait forever for GPUs
+        *("--actor.adam.lr", config.lr),
+        *("--actor.lr_warmup_ratio", 0),
+        *("--vllm.num_engines", 1),
+        *("--vllm.sync_backend", "gloo"),
         "--vllm.enforce_eager",
-        "--ds.zero_stage", config.zero_stage,
-        "--ds.attn_implementation", "eager",
-        "--logger.tensorboard_dir", os.path.join(out_dir, "tensorboard"),
-        "--ckpt.output_dir", os.path.join(out_dir, "final_model"),
-        "--ckpt.path", os.path.join(out_dir, "checkpoints"),
+        *("--ds.zero_stage", config.zero_stage),
+        *("--ds.attn_implementation", "eager"),
+        *("--logger.tensorboard_dir", os.path.join(out_dir, "tensorboard")),
+        *("--ckpt.output_dir", os.path.join(out_dir, "final_model")),
+        *("--ckpt.path", os.path.join(out_dir, "checkpoints")),
         *config.extra,
     ]
-# fmt: on

@@ -47,8 +47,9 @@ CHAT_TEMPLATE = (
     "{% else %}{% for part in message['content'] %}{{ part['text'] }}{% endfor %}{% endif %}{% endfor %}"
 )
 
-# Toy sizes, per node (GPUS_PER_NODE fake GPUs each). G = 32 keeps the scripts' D3S schedule (N 8 -> 32) legal;
-# 2 prompts x 32 rollouts = 64 a step split into kept counts that are multiples of lcm(16, 8 x dp) = 16.
+# Toy sizes, the same for any --nodes and --gpus-per-node. G = 32 keeps the scripts' D3S schedule (N 8 -> 32)
+# legal; 2 prompts x 32 rollouts = 64 a step, split into kept counts that are multiples of lcm(TRAIN_BATCH 16,
+# ROLLOUT_MICRO_BATCH 8 x forward ranks) (integration.host.kept_count_unit): 16 up to 2 ranks, 64 at 8.
 PROMPTS_PER_STEP = 2
 
 
@@ -218,14 +219,19 @@ class Cluster:
 
     def _node_ports(self):
         return [
-            "--node-ip-address", "127.0.0.1",
-            "--num-gpus", str(self.gpus_per_node), "--num-cpus", str(self.cpus_per_node),
-            "--object-store-memory", str(int(self.object_store_gb * 2**30)),
-            "--node-manager-port", str(_free_port()), "--object-manager-port", str(_free_port()),
-            "--runtime-env-agent-port", str(_free_port()), "--metrics-export-port", str(_free_port()),
-            "--dashboard-agent-listen-port", str(_free_port()), "--dashboard-agent-grpc-port", str(_free_port()),
-            "--min-worker-port", "0", "--max-worker-port", "0",
-        ]  # fmt: skip
+            *("--node-ip-address", "127.0.0.1"),
+            *("--num-gpus", str(self.gpus_per_node)),
+            *("--num-cpus", str(self.cpus_per_node)),
+            *("--object-store-memory", str(int(self.object_store_gb * 2**30))),
+            *("--node-manager-port", str(_free_port())),
+            *("--object-manager-port", str(_free_port())),
+            *("--runtime-env-agent-port", str(_free_port())),
+            *("--metrics-export-port", str(_free_port())),
+            *("--dashboard-agent-listen-port", str(_free_port())),
+            *("--dashboard-agent-grpc-port", str(_free_port())),
+            *("--min-worker-port", "0"),
+            *("--max-worker-port", "0"),
+        ]
 
     def __enter__(self):
         # short: Ray's Unix socket paths live under it (at most 107 characters)
@@ -233,10 +239,15 @@ class Cluster:
         gcs_port, dashboard_port = _free_port(), _free_port()
         try:
             self._ray(
-                "--head", "--port", str(gcs_port), *self._node_ports(),
-                "--include-dashboard", "true", "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard_port),
-                "--ray-client-server-port", str(_free_port()), "--temp-dir", self.temp_dir, "--disable-usage-stats",
-            )  # fmt: skip
+                *("--head", "--port", str(gcs_port)),
+                *self._node_ports(),
+                *("--include-dashboard", "true"),
+                *("--dashboard-host", "127.0.0.1"),
+                *("--dashboard-port", str(dashboard_port)),
+                *("--ray-client-server-port", str(_free_port())),
+                *("--temp-dir", self.temp_dir),
+                "--disable-usage-stats",
+            )
             # each node its own temp dir, as on separate machines: a joining node shares the head's by default, and
             # two runtime-env agents unpacking the job's working_dir into one directory race (a job once imported
             # from a half-unpacked checkout: "No module named d3s_openrlhf.integration.actor")
@@ -299,7 +310,8 @@ class Result:
     def summary(self):
         losses = ", ".join(f"{values.get('policy_loss', math.nan):.4g}" for values in self.steps.values())
         state = "ok" if self.ok else f"FAILED (exit {self.returncode}, leftovers {self.leftovers})"
-        return f"{state}  {self.script}  steps {list(self.steps)}  policy_loss [{losses}]  {self.seconds:.0f}s  log {self.log}"
+        steps = f"steps {list(self.steps)}  policy_loss [{losses}]"
+        return f"{state}  {self.script}  {steps}  {self.seconds:.0f}s  log {self.log}"
 
 
 def script_name(script):
@@ -435,9 +447,15 @@ def main(argv=None):
     results = []
     for script in options.scripts:
         result = run_script(
-            os.path.abspath(script), toy_files, os.path.join(workdir, "runs"), options.nodes, options.gpus_per_node,
-            options.timeout, on_line, options.extra,
-        )  # fmt: skip
+            os.path.abspath(script),
+            toy_files,
+            os.path.join(workdir, "runs"),
+            nodes=options.nodes,
+            gpus_per_node=options.gpus_per_node,
+            timeout=options.timeout,
+            on_line=on_line,
+            extra=options.extra,
+        )
         print(result.summary(), flush=True)
         results.append(result)
     print("\nsummary:")

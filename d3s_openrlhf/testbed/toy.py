@@ -16,8 +16,9 @@ SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
 
 
 def build_tokenizer(filler_tokens=0, characters=CHARACTERS):
-    """The character-level tokenizer over ``characters`` (one token each); ``filler_tokens`` adds that many vocabulary entries ``<f0>``, ``<f1>``, ...
-    that no text encodes to (a randomly initialised model then rarely samples EOS: long responses for timing)."""
+    """The character-level tokenizer over ``characters`` (one token each); ``filler_tokens`` adds that many
+    vocabulary entries ``<f0>``, ``<f1>``, ... that no text encodes to (a randomly initialised model then rarely
+    samples EOS: long responses for timing)."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 

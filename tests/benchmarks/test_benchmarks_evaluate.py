@@ -16,7 +16,7 @@ def document(bare, evaluator):
         "max_new_tokens": 8, "repeats": 1, "median_seconds": {"bare": bare, "evaluator": evaluator},
         "tokens": {"bare": 40, "evaluator": 40}, "tokens_per_second": {"bare": 40 / bare, "evaluator": 40 / evaluator},
         "ratio": evaluator / bare,
-    }  # fmt: skip
+    }
 
 
 def test_section_states_ratio_and_verdict():

@@ -37,12 +37,10 @@ def test_the_triton_profile_gives_upstreams_log_probs_and_gradient(temperature):
 
 
 def test_the_gpu_benchmark_runs_on_a_cpu_at_toy_sizes(tmp_path):
+    sizes = ["--tokens", "48", "--hidden", "16", "--heads", "2", "--layers", "1", "--vocab", "2048"]
     result = bench_forward_gpu.main(
-        [
-            "--device", "cpu", "--dtype", "fp32", "--tokens", "48", "--hidden", "16", "--heads", "2",
-            "--layers", "1", "--vocab", "2048", "--repeats", "1", "--json", str(tmp_path / "forward_gpu.json"),
-        ]
-    )  # fmt: skip
+        ["--device", "cpu", "--dtype", "fp32", *sizes, "--repeats", "1", "--json", str(tmp_path / "forward_gpu.json")]
+    )
     (row,) = result["rows"]
     assert set(row["experience"]) == {"upstream", "ours"}
     for kl in ("kl off", "kl on"):

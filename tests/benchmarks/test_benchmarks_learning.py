@@ -15,9 +15,8 @@ sys.path.insert(0, str(BENCHMARKS))
 
 import bench_learning  # noqa: E402
 import report  # noqa: E402
-from reporting import claims, stats, study  # noqa: E402
-
 from d3s_openrlhf.cli import demo  # noqa: E402
+from reporting import claims, stats, study  # noqa: E402
 
 # 3-letter words over "abcd" reversed; small enough for a 1-epoch SFT and 1-2 RL steps
 TASK = '''
@@ -96,10 +95,9 @@ def test_quick_results_do_not_mix_with_a_study(task_file, tmp_path):
 @pytest.mark.e2e
 def test_study_chain_on_a_task_module_outside_the_repo(task_file, tmp_path):
     out, runs = tmp_path / "results", tmp_path / "runs"  # out does not exist yet and the runs go elsewhere
-    path = bench_learning.main(
-        ["--task", task_file, "--out", str(out), "--workdir", str(runs), "--parts", "pods", "--methods", "PODS",
-         "--seeds", "0", "--steps", "2", "--eval-every", "1", "--eval-samples", "2", "--prompts", "8"]
-    )  # fmt: skip
+    study_flags = ["--parts", "pods", "--methods", "PODS", "--seeds", "0", "--steps", "2", "--eval-every", "1"]
+    sizes = ["--eval-samples", "2", "--prompts", "8"]
+    path = bench_learning.main(["--task", task_file, "--out", str(out), "--workdir", str(runs), *study_flags, *sizes])
     assert Path(path) == out / "learning_study.json"
     document = json.loads(Path(path).read_text())
     # float32 by default: the launcher's switch reached the run, and the vLLM engine generated in float32

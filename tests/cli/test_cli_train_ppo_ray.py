@@ -266,8 +266,8 @@ def test_error_reward_model_forwards_that_do_not_split_evenly():
     message = _error(["--d3s.preset", "d1s", "--d3s.n_init", "4", *HOST, "--reward.num_gpus_per_node", "3"])
     assert "64 micro-batches" in message and "--reward.num_nodes x --reward.num_gpus_per_node" in message
     # scored by a reward function, no reward model runs
-    cli.resolve(["--d3s.preset", "d1s", "--d3s.n_init", "4", *HOST, "--reward.num_gpus_per_node", "3",
-                 "--reward.remote_url", "reward.py"])  # fmt: skip
+    flags = ["--reward.num_gpus_per_node", "3", "--reward.remote_url", "reward.py"]
+    cli.resolve(["--d3s.preset", "d1s", "--d3s.n_init", "4", *HOST, *flags])
 
 
 @pytest.mark.parametrize("schedule", ["linear", "cosine"])

@@ -4,7 +4,6 @@ import pytest
 import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from pass_count import block_passes  # benchmarks/ (tests/conftest.py puts it on sys.path)
 
 from d3s_openrlhf.core.logprobs import (
     DEFAULT_CHUNK_BUDGET_BYTES,
@@ -12,6 +11,7 @@ from d3s_openrlhf.core.logprobs import (
     chunked_logprobs_entropy,
     default_chunk_size,
 )
+from pass_count import block_passes  # benchmarks/ (tests/conftest.py puts it on sys.path)
 
 
 def naive(hidden, weight, targets, bias=None, temperature=1.0):

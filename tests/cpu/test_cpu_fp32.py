@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from d3s_openrlhf.cpu import patches
+from d3s_openrlhf.cpu import precision
 from d3s_openrlhf.testbed import toy
 
 PROBE = """
@@ -40,9 +40,9 @@ def bf16_model(tmp_path_factory):
 
 
 def probe(model, fp32):
-    env = {key: value for key, value in os.environ.items() if key != patches.FP32_ENV}
+    env = {key: value for key, value in os.environ.items() if key != precision.FP32_ENV}
     if fp32 is not None:
-        env[patches.FP32_ENV] = fp32
+        env[precision.FP32_ENV] = fp32
     result = subprocess.run(
         [sys.executable, "-c", PROBE, model], env=env, capture_output=True, text=True, timeout=300
     )
@@ -71,7 +71,7 @@ def test_the_switch_gives_float32_models_and_deepspeeds_fp32_engine(bf16_model):
 
 @pytest.mark.parametrize("value", ["yes", "true", " 1"])
 def test_other_values_are_refused_by_the_launcher_before_ray(value):
-    env = {**os.environ, patches.FP32_ENV: value}
+    env = {**os.environ, precision.FP32_ENV: value}
     env.pop("RAY_ADDRESS", None)
     result = subprocess.run(
         [sys.executable, "-m", "d3s_openrlhf.cli.cpu", "openrlhf.cli.train_ppo_ray", "--help"],
@@ -81,7 +81,7 @@ def test_other_values_are_refused_by_the_launcher_before_ray(value):
         timeout=300,
     )
     assert result.returncode == 2
-    assert f"{patches.FP32_ENV}={value!r}: set it to 1" in result.stderr  # before the head would start
+    assert f"{precision.FP32_ENV}={value!r}: set it to 1" in result.stderr  # before the head would start
 
 
 def test_the_launcher_flag_reaches_the_command():

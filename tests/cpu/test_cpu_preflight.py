@@ -13,15 +13,15 @@ from d3s_openrlhf.integration import host
 
 # A GPU user's command: upstream's defaults except what any run sets (data, reward, estimator, GPU counts)
 GPU_STYLE = [
-    "--actor.model_name_or_path", "some/model",
-    "--reward.remote_url", "reward.py",
-    "--algo.advantage.estimator", "group_norm",
-    "--rollout.batch_size", "8",
-    "--rollout.n_samples_per_prompt", "8",
-    "--train.batch_size", "32",
-    "--actor.num_gpus_per_node", "2",
-    "--ref.num_gpus_per_node", "2",
-]  # fmt: skip
+    *("--actor.model_name_or_path", "some/model"),
+    *("--reward.remote_url", "reward.py"),
+    *("--algo.advantage.estimator", "group_norm"),
+    *("--rollout.batch_size", "8"),
+    *("--rollout.n_samples_per_prompt", "8"),
+    *("--train.batch_size", "32"),
+    *("--actor.num_gpus_per_node", "2"),
+    *("--ref.num_gpus_per_node", "2"),
+]
 ENGINE = ["--vllm.num_engines", "1"]
 D3S = ["--d3s.preset", "d3s", "--d3s.n_final", "8"]
 

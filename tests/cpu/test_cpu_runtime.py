@@ -19,7 +19,8 @@ def test_a_demand_above_the_heads_fake_gpus_is_refused_with_the_flags(monkeypatc
     runtime.check_gpu_demand(host.parse_host_args([*flags, "--vllm.num_engines", "2"]))  # 6 of 8: fits
     with pytest.raises(ValueError, match="ask for 10") as error:
         runtime.check_gpu_demand(host.parse_host_args([*flags, "--vllm.num_engines", "6"]))
-    assert "--vllm.num_engines" in str(error.value) and "--ref.num_nodes x --ref.num_gpus_per_node = 2" in str(error.value)
+    message = str(error.value)
+    assert "--vllm.num_engines" in message and "--ref.num_nodes x --ref.num_gpus_per_node = 2" in message
     runtime.check_gpu_demand(host.parse_host_args([*flags, "--vllm.num_engines", "6"]), num_gpus=16)
     runtime.check_gpu_demand(host.parse_host_args([*flags, "--vllm.num_engines", "6", "--train.colocate_all"]))
 

@@ -118,15 +118,15 @@ def test_error_in_module_stops_the_head(tmp_path, run_processes):
 # A GPU user's command with upstream's defaults (no --vllm.num_engines, flash_attention_2): refused by name
 # before any Ray process exists, through the launcher and through the opt-in variable, D3S on and off.
 GPU_STYLE = [
-    "--actor.model_name_or_path", "some/model",
-    "--reward.remote_url", "reward.py",
-    "--algo.advantage.estimator", "group_norm",
-    "--rollout.batch_size", "8",
-    "--rollout.n_samples_per_prompt", "8",
-    "--train.batch_size", "32",
-    "--actor.num_gpus_per_node", "1",
-    "--ref.num_gpus_per_node", "1",
-]  # fmt: skip
+    *("--actor.model_name_or_path", "some/model"),
+    *("--reward.remote_url", "reward.py"),
+    *("--algo.advantage.estimator", "group_norm"),
+    *("--rollout.batch_size", "8"),
+    *("--rollout.n_samples_per_prompt", "8"),
+    *("--train.batch_size", "32"),
+    *("--actor.num_gpus_per_node", "1"),
+    *("--ref.num_gpus_per_node", "1"),
+]
 D3S_FLAGS = ["--d3s.preset", "d3s", "--d3s.n_final", "8"]
 
 

@@ -92,9 +92,12 @@ def eval_flags(toy_sft, n=4):
     """OpenRLHF's evaluation at step 2 (async: before the last batch is generated), on the held-out prompts (no
     best-checkpoint saving)."""
     return [
-        "--eval.dataset", toy_sft.task.heldout, "--eval.steps", 2, "--eval.n_samples_per_prompt", n,
-        "--eval.temperature", 1.0, "--ckpt.best_metric_key", "none",
-    ]  # fmt: skip
+        *("--eval.dataset", toy_sft.task.heldout),
+        *("--eval.steps", 2),
+        *("--eval.n_samples_per_prompt", n),
+        *("--eval.temperature", 1.0),
+        *("--ckpt.best_metric_key", "none"),
+    ]
 
 
 def assert_pass_at_k_logged(tmp_path, name, n=4):

@@ -51,10 +51,16 @@ def eval_argv(eval_inputs):
 
     def argv(out, *extra):
         return [
-            "--model", eval_inputs["model"], "--data", eval_inputs["data"], "--reward", eval_inputs["reward"],
-            "--out", str(out), "--n", "4", "--k", "1", "2", "4", "--max_new_tokens", "4", "--temperature", "1.0",
+            *("--model", eval_inputs["model"]),
+            *("--data", eval_inputs["data"]),
+            *("--reward", eval_inputs["reward"]),
+            *("--out", str(out)),
+            *("--n", "4"),
+            *("--k", "1", "2", "4"),
+            *("--max_new_tokens", "4"),
+            *("--temperature", "1.0"),
             *extra,
-        ]  # fmt: skip
+        ]
 
     return argv
 

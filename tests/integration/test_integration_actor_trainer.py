@@ -34,7 +34,7 @@ from d3s_openrlhf.integration.actor import (
     D3SReplayBuffer,
     pg_mask_from_rows,
 )
-from d3s_openrlhf.integration.host import PG_MASK_KEY
+from d3s_openrlhf.integration.host import PG_MASK_KEY, parse_host_args
 
 VOCAB = 128
 PROMPT = 3
@@ -90,63 +90,27 @@ def load_actor(model_dir, **kwargs):
 
 
 def make_args(**overrides):
-    args = NS(
-        train=NS(
-            max_epochs=1,
-            micro_batch_size=2,
-            batch_size=4,
-            dynamic_batch_enable=False,
-            colocate_all=False,
-            async_enable=False,
-            max_tokens_per_gpu=16,
-            enable_ema=False,
-            ema_beta=0.992,
-        ),
-        actor=NS(
-            eps_clip_low_high=(0.2, 0.2),
-            eps_clip=0.2,
-            dual_clip=None,
-            loss_agg_mode="token-mean",
-            policy_loss_type="ppo",
-            aux_loss_coef=0.0,
-            entropy_coef=None,
-            gradient_checkpointing_enable=False,
-            gradient_checkpointing_reentrant=False,
-            optim="adam",
-            muon=NS(),
-            adam=NS(lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0),
-            lr_scheduler="constant",
-            lr_warmup_ratio=0.0,
-            min_lr_ratio=0.1,
-            max_norm=1.0,
-            num_nodes=1,
-            num_gpus_per_node=1,
-        ),
-        algo=NS(
-            advantage=NS(
-                is_correction_level="off",
-                is_correction_mode="mask",
-                is_correction_gating="ratio",
-                is_correction_threshold=(0.5, 5.0),
-            ),
-            kl=NS(use_loss=False, init_coef=0.0, estimator="k3", unbiased_gradient=False),
-        ),
-        ds=NS(
-            packing_samples=False,
-            tensor_parallel_size=1,
-            ring_attn_size=1,
-            attn_implementation="eager",
-            experts_implementation=None,
-            param_dtype="bf16",
-            load_in_4bit=False,
-            lora=NS(rank=0, alpha=16, target_modules=None, dropout=0),
-            use_liger_kernel=False,
-            enable_sleep=False,
-        ),
-        vllm=NS(sync_backend="gloo"),
-        rollout=NS(batch_size=2, n_samples_per_prompt=4, micro_batch_size=1, temperature=1.0),
-        ckpt=NS(save_hf=False, disable_ds=True, load_enable=False, path="/nonexistent-d3s-ckpt"),
-        data=NS(disable_fast_tokenizer=False),
+    """OpenRLHF's arguments as its own parser gives them, on this file's toy sizes; ``group__field=value``
+    overrides set fields after parsing (e.g. ``actor__loss_agg_mode="seq-mean-token-sum"``)."""
+    args = parse_host_args(
+        [
+            *("--train.batch_size", "4"),
+            *("--train.micro_batch_size", "2"),
+            *("--train.max_tokens_per_gpu", "16"),
+            *("--rollout.batch_size", "2"),
+            *("--rollout.n_samples_per_prompt", "4"),
+            *("--actor.num_gpus_per_node", "1"),
+            *("--actor.eps_clip_low_high", "0.2", "0.2"),  # upstream's __main__ fills it from --actor.eps_clip
+            *("--actor.adam.lr", "1e-3"),
+            *("--actor.lr_scheduler", "constant"),
+            *("--actor.lr_warmup_ratio", "0"),
+            *("--algo.kl.init_coef", "0"),
+            *("--algo.kl.estimator", "k3"),
+            *("--ds.attn_implementation", "eager"),
+            *("--vllm.sync_backend", "gloo"),
+            *("--ckpt.path", "/nonexistent-d3s-ckpt"),
+            "--ckpt.disable_ds",
+        ]
     )
     for key, value in overrides.items():
         group, *rest = key.split("__")
@@ -533,7 +497,7 @@ def test_training_forward_validates_its_masks(model_dir, cpu_cuda):
         training_forward(
             actor, e.sequences, e.action_mask, e.attention_mask, log_prob_mask=kept,
             fill_log_probs=e.action_log_probs, return_output=True, return_entropy=True,
-        )  # fmt: skip
+        )
     log_probs, output = training_forward(
         actor, e.sequences, e.action_mask, e.attention_mask, return_output=True, return_entropy=True
     )
@@ -605,7 +569,7 @@ def test_a_deepspeed_engine_starts_the_backward_once(stage, moe, process_group, 
     sizes = dict(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
         num_key_value_heads=2, max_position_embeddings=64,
-    )  # fmt: skip
+    )
     torch.manual_seed(0)
     if moe:
         model = MixtralForCausalLM(MixtralConfig(**sizes, num_local_experts=2, num_experts_per_tok=1))
@@ -641,7 +605,7 @@ def wide_vocabulary_batch(tmp_path, rows):
     config = LlamaConfig(
         vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
         num_key_value_heads=2, max_position_embeddings=64,
-    )  # fmt: skip
+    )
     LlamaForCausalLM(config).save_pretrained(tmp_path)
     actor = load_actor(str(tmp_path))
     g = torch.Generator().manual_seed(0)

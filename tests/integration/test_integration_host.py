@@ -150,7 +150,11 @@ def test_the_dry_run_plans_the_kept_counts_training_uses():
 
 # ── model groups ──
 
-GROUPS = ["--actor.num_gpus_per_node", "2", "--reward.remote_url", "reward.py", "--algo.kl.init_coef", "0.01"]  # fmt: skip
+GROUPS = [
+    *("--actor.num_gpus_per_node", "2"),
+    *("--reward.remote_url", "reward.py"),
+    *("--algo.kl.init_coef", "0.01"),
+]
 
 
 def test_gpu_demand_counts_the_groups_upstream_places():

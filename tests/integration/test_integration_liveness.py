@@ -67,7 +67,8 @@ def test_a_dead_watched_actor_ends_a_wait_on_another(victim_class):
     with pytest.raises(DeadActorError, match="vLLM engine 0 died") as error:
         watched_get([blocked], engine_names([victim]))
     assert time.monotonic() - start < 10
-    assert victim_class.__ray_actor_class__.__name__ in str(error.value) and "worker process has died" in str(error.value)
+    message = str(error.value)
+    assert victim_class.__ray_actor_class__.__name__ in message and "worker process has died" in message
     ray.kill(waiter)
 
 

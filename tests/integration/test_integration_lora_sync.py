@@ -16,8 +16,8 @@ import torch
 
 peft = pytest.importorskip("peft")
 
-from d3s_openrlhf.integration.actor import D3SActorPPOTrainer  # noqa: E402
 from d3s_openrlhf.integration import lora_sync  # noqa: E402
+from d3s_openrlhf.integration.actor import D3SActorPPOTrainer  # noqa: E402
 from d3s_openrlhf.integration.lora_sync import (  # noqa: E402
     LoRASyncActorPPOTrainer,
     base_name,

@@ -200,8 +200,8 @@ def test_history_counts_pilots_and_a_skipped_prompt_costs_no_pilot():
 
 
 def test_screening_with_dynamic_filtering_counts_each_prompt_once():
-    generator = make("--algo.dynamic_filtering_enable", "--algo.dynamic_filtering_range", "0.1", "0.9",
-                     prompt_skip="off", pilot_rollouts=K, schedule_steps=4)  # fmt: skip
+    filtering = ("--algo.dynamic_filtering_enable", "--algo.dynamic_filtering_range", "0.1", "0.9")
+    generator = make(*filtering, prompt_skip="off", pilot_rollouts=K, schedule_steps=4)
     steps = run(generator)
     assert len(steps) == 4 and all(len(prompts) == B for prompts, *_ in steps)
     pilots = [prompt for prompt, n in generator.dispatched if n == K]
@@ -224,8 +224,8 @@ def test_a_group_dropped_by_dynamic_filtering_is_replaced_and_counted_once():
 
 @pytest.mark.parametrize("low, high, passes", [(0.1, 0.9, True), (0.6, 0.99, False), (0.0, 0.4, False)])
 def test_the_filter_on_full_groups_is_upstreams_strict_range(low, high, passes):
-    generator = make("--algo.dynamic_filtering_enable", "--algo.dynamic_filtering_range", str(low), str(high),
-                     prompt_skip="off", pilot_rollouts=K)  # fmt: skip
+    filtering = ("--algo.dynamic_filtering_enable", "--algo.dynamic_filtering_range", str(low), str(high))
+    generator = make(*filtering, prompt_skip="off", pilot_rollouts=K)
     group = [generator._process_response_into_experience(r, max_len=64) for r in responses("p1", "l1", G)]
     assert generator._passes_filter(group) is passes  # mean 2 / 5
 

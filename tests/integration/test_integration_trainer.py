@@ -120,7 +120,7 @@ def _pickled_by_reference(cls):
         D3SPolicyModelActor, D3SPPOTrainer, D3SPPOTrainerAsync, D3STrainingActor, D3SGenerateSamplesActor,
         PassAtKPPOTrainer, PassAtKPPOTrainerAsync, PassAtKGenerateSamplesActor,
     ],
-)  # fmt: skip
+)
 def test_no_inherited_method_binds_super_to_a_shipped_copy(actor_class):
     """Upstream's @ray.remote classes are not importable by name (the module attribute is the ActorClass), so
     Ray ships their methods by value, each ``super()`` bound to a copy of its class. If one of our importable

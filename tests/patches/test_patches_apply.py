@@ -13,14 +13,14 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 APPLY = REPO / "patches" / "apply.sh"
 HOST = [
-    "--algo.advantage.estimator", "group_norm",
-    "--rollout.batch_size", "8",
-    "--rollout.n_samples_per_prompt", "16",
-    "--rollout.micro_batch_size", "2",
-    "--train.batch_size", "32",
-    "--actor.num_nodes", "1",
-    "--actor.num_gpus_per_node", "2",
-]  # fmt: skip
+    *("--algo.advantage.estimator", "group_norm"),
+    *("--rollout.batch_size", "8"),
+    *("--rollout.n_samples_per_prompt", "16"),
+    *("--rollout.micro_batch_size", "2"),
+    *("--train.batch_size", "32"),
+    *("--actor.num_nodes", "1"),
+    *("--actor.num_gpus_per_node", "2"),
+]
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from d3s_openrlhf import tasks
-from d3s_openrlhf.testbed import toy
 from d3s_openrlhf.tasks import chainsum
+from d3s_openrlhf.testbed import toy
 
 
 def carries(prompt):
