@@ -27,13 +27,9 @@ from openrlhf.trainer.ppo_utils.experience import Experience
 from openrlhf.utils import loss_utils
 
 from d3s_openrlhf.core.config import D3SConfig
-from d3s_openrlhf.integration.actor import (
-    D3SActorPPOTrainer,
-    D3SPolicyLoss,
-    D3SPolicyModelActor,
-    D3SReplayBuffer,
-    pg_mask_from_rows,
-)
+from d3s_openrlhf.integration.actor import D3SActorPPOTrainer, D3SPolicyModelActor
+from d3s_openrlhf.integration.loss import D3SPolicyLoss, pg_mask_from_rows
+from d3s_openrlhf.integration.replay_buffer import D3SReplayBuffer
 from d3s_openrlhf.integration.host import PG_MASK_KEY
 
 VOCAB = 128
