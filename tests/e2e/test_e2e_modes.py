@@ -3,13 +3,13 @@ packing (flash-attention 2 on the CPU stand-in), dynamic batching, DAPO-style dy
 multi-turn agent. Same per-step assertions as tests/e2e/test_e2e_pipeline.py."""
 
 import dataclasses
-import importlib.util
 import json
 import math
 import os
 from fractions import Fraction
 from pathlib import Path
 
+import pipeline_checks as helpers
 import pytest
 
 from d3s_openrlhf.core.batching import kept_unit, legal_kept_count
@@ -18,24 +18,9 @@ from d3s_openrlhf.testbed import pipeline
 
 pytestmark = pytest.mark.e2e
 
-
-def _pipeline_helpers():
-    """test_e2e_pipeline.py's per-step checks (tests/ is no package: OpenRLHF's wheel owns the name), by path."""
-    path = Path(__file__).with_name("test_e2e_pipeline.py")
-    spec = importlib.util.spec_from_file_location("_d3s_e2e_pipeline_helpers", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-helpers = _pipeline_helpers()
 BASE, STEPS = helpers.BASE, helpers.STEPS
-CROSS = helpers.CROSS
+CROSS, ppo_args = helpers.CROSS, helpers.ppo_args
 TOY_AGENT = str(Path(pipeline.__file__).with_name("toy_agent.py"))
-
-
-def ppo_args(toy_sft, tmp_path, name, config):
-    return pipeline.ppo_args(toy_sft.sft_model, toy_sft.task, str(tmp_path / name), config)
 
 
 def test_packing_cross_scope(toy_sft, run_pipeline, assert_clean_run, tmp_path):
