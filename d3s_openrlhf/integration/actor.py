@@ -6,16 +6,16 @@ What runs here (inside each actor Ray worker):
 * ``D3SPolicyModelActor``: OpenRLHF's ``PolicyModelActor`` with two additions.
   ``forward(..., return_entropy=True)`` returns ``(action_log_probs, entropy)`` (both (B, A), on CPU) from the
   same single no-grad forward; the entropy is the policy entropy at the action positions only and is zero on
-  padding, like the log-probs. It is computed without full logits (``experience_forward``) where
+  padding, like the log-probs. It is computed with chunked logits (``experience_forward``) where
   ``training_forward.training_forward_blocker`` allows, otherwise by ``core.entropy_from_logits`` on upstream's
-  logits; ``forward(..., head_free=True)`` returns the log-probs alone without full logits (``--d3s.chunked_logits``
-  at a step without token selection), computing no entropy. ``init_model_from_pretrained`` builds
-  ``D3SActorPPOTrainer``.
-* ``D3SReferenceModelActor``: OpenRLHF's ``ReferenceModelActor`` whose forward takes the same head-free path when
-  the experience maker asks for it (``head_free=True``).
+  logits; ``forward(..., chunked_logits=True)`` returns the log-probs alone with chunked logits
+  (``--d3s.chunked_logits`` at a step without token selection), computing no entropy.
+  ``init_model_from_pretrained`` builds ``D3SActorPPOTrainer``.
+* ``D3SReferenceModelActor``: OpenRLHF's ``ReferenceModelActor`` whose forward takes the same chunked-logits path when
+  the experience maker asks for it (``chunked_logits=True``).
 * ``D3SActorPPOTrainer``: takes ``experience.info["d3s_pg_mask"]`` (the token mask of the experience maker) out of
   each training micro-batch and hands it, with the matching normalisers, to ``D3SPolicyLoss`` for that step; its
-  training forward computes the log-probs without full logits (``training_forward``) at steps with a pg mask, and
+  training forward computes the log-probs with chunked logits (``training_forward``) at steps with a pg mask, and
   at every step with ``--d3s.chunked_logits``.
 
 The loss they hand the mask to is ``loss.D3SPolicyLoss`` (with its semantics), the buffer ``replay_buffer``.
@@ -33,7 +33,7 @@ import ray
 import torch
 from openrlhf.utils.loss_utils import get_loss_batch_info
 
-from d3s_openrlhf.integration.experience_forward import EntropyTap, HeadFreeForward
+from d3s_openrlhf.integration.experience_forward import EntropyTap, ChunkedLogitsForward
 from d3s_openrlhf.integration.host import (
     PG_MASK_KEY,
     chunked_logits_requested,
@@ -72,7 +72,7 @@ class D3SActorPPOTrainer(MergedLoRASync, ppo_actor.ActorPPOTrainer):
         if rows is None:
             if not chunked_logits_requested(self.args):
                 return super().training_step(experience, kl_ctl, step, loss_batch_info)
-            with self._forward_without_full_logits(experience, None):
+            with self._chunked_logits_forward(experience, None):
                 return super().training_step(experience, kl_ctl, step, loss_batch_info)
 
         pg_mask = pg_mask_from_rows(rows, experience.action_mask)
@@ -94,7 +94,7 @@ class D3SActorPPOTrainer(MergedLoRASync, ppo_actor.ActorPPOTrainer):
                 "ppo_train, or with loss_batch_info=None"
             )
         with self.actor_loss_fn.selecting(pg_mask, pg_norm["batch_num_tokens"], pg_norm["global_batch_size"]):
-            with self._forward_without_full_logits(experience, pg_mask):
+            with self._chunked_logits_forward(experience, pg_mask):
                 return super().training_step(experience, kl_ctl, step, loss_batch_info)
 
     def _say_once(self, message: str) -> None:
@@ -104,11 +104,11 @@ class D3SActorPPOTrainer(MergedLoRASync, ppo_actor.ActorPPOTrainer):
             self.strategy.print(message)
 
     @contextmanager
-    def _forward_without_full_logits(self, experience, pg_mask: Optional[torch.Tensor]) -> Iterator[None]:
+    def _chunked_logits_forward(self, experience, pg_mask: Optional[torch.Tensor]) -> Iterator[None]:
         """Within the block the actor's forward computes its log-probs (and entropy) from the final hidden states
         (``training_forward``): at the ``pg_mask`` tokens alone where the loss reads only those, else at every
         action token. Where ``training_forward_blocker`` objects, upstream's forward runs unchanged."""
-        blocker = _head_free_blocker(self.strategy, self.actor)
+        blocker = _chunked_logits_blocker(self.strategy, self.actor)
         if blocker is not None:
             self._say_once(f"[d3s] training forward: upstream's, with full logits ({blocker})")
             yield
@@ -116,7 +116,7 @@ class D3SActorPPOTrainer(MergedLoRASync, ppo_actor.ActorPPOTrainer):
         reason = loss_needs_every_token(self.args)
         kept_only = pg_mask is not None and reason is None
         where = "the kept tokens only" if kept_only else f"every action token ({reason or 'no token selection'})"
-        self._say_once(f"[d3s] training forward without full logits: log-probs at {where}")
+        self._say_once(f"[d3s] training forward with chunked logits: log-probs at {where}")
         # an instance attribute shadows Actor.forward for nn.Module.__call__ (the DeepSpeed engine is inside)
         self.actor.forward = functools.partial(
             training_forward,
@@ -152,19 +152,19 @@ class D3SPolicyModelActor(ppo_actor.PolicyModelActor.__ray_actor_class__):
         packed_seq_lens=None,
         mm_train_inputs_list=None,
         return_entropy: bool = False,
-        head_free: bool = False,
+        chunked_logits: bool = False,
     ):
         """Upstream's forward; with ``return_entropy`` returns ``(action_log_probs, entropy)``, both (B, A) on
-        CPU, from the same single forward; with ``return_entropy`` or ``head_free``, without full logits where
+        CPU, from the same single forward; with ``return_entropy`` or ``chunked_logits``, with chunked logits where
         ``training_forward_blocker`` allows."""
         upstream = functools.partial(
             super().forward, sequences, action_mask, attention_mask, packed_seq_lens, mm_train_inputs_list
         )
-        without_logits = (return_entropy or head_free) and _head_free_blocker(self.strategy, self.actor) is None
-        if not return_entropy and not without_logits:
+        chunked = (return_entropy or chunked_logits) and _chunked_logits_blocker(self.strategy, self.actor) is None
+        if not return_entropy and not chunked:
             return upstream()
-        if without_logits:  # the entropy only where token selection reads it
-            tap = HeadFreeForward(self.actor, with_entropy=return_entropy)
+        if chunked:  # the entropy only where token selection reads it
+            tap = ChunkedLogitsForward(self.actor, with_entropy=return_entropy)
         else:
             tap = EntropyTap(self.actor)
         with _standing_in(self, "actor", tap):
@@ -182,7 +182,7 @@ def _standing_in(worker, name: str, tap):
         setattr(worker, name, tap.model)
 
 
-def _head_free_blocker(strategy, model) -> Optional[str]:
+def _chunked_logits_blocker(strategy, model) -> Optional[str]:
     """Why ``model``'s forwards (training and experience) keep upstream's full logits under ``strategy``, or None."""
     return training_forward_blocker(
         strategy.args, model, full_logits_requested(strategy.args), strategy.ring_attn_group
@@ -191,8 +191,8 @@ def _head_free_blocker(strategy, model) -> Optional[str]:
 
 @ray.remote(num_gpus=1)
 class D3SReferenceModelActor(launcher.ReferenceModelActor.__ray_actor_class__):
-    """OpenRLHF's reference model actor whose forward, when the experience maker asks (``head_free``: steps with
-    token selection, or every step with ``--d3s.chunked_logits``), computes the log-probs without full logits as
+    """OpenRLHF's reference model actor whose forward, when the experience maker asks (``chunked_logits``: steps with
+    token selection, or every step with ``--d3s.chunked_logits``), computes the log-probs with chunked logits as
     the policy actor's forward does."""
 
     def forward(
@@ -203,12 +203,12 @@ class D3SReferenceModelActor(launcher.ReferenceModelActor.__ray_actor_class__):
         return_output=False,
         packed_seq_lens=None,
         mm_train_inputs_list=None,
-        head_free: bool = False,
+        chunked_logits: bool = False,
     ):
         upstream = functools.partial(
             super().forward, sequences, action_mask, attention_mask, return_output, packed_seq_lens, mm_train_inputs_list
         )
-        if not head_free or return_output or _head_free_blocker(self.strategy, self.model) is not None:
+        if not chunked_logits or return_output or _chunked_logits_blocker(self.strategy, self.model) is not None:
             return upstream()
-        with _standing_in(self, "model", HeadFreeForward(self.model)):
+        with _standing_in(self, "model", ChunkedLogitsForward(self.model)):
             return upstream()

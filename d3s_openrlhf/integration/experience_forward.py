@@ -1,12 +1,13 @@
-"""The experience-making forwards of the Ray model actors: without full-vocabulary logits, and the entropy tap.
+"""The experience-making forwards of the Ray model actors: with chunked logits (never the full-vocabulary logits),
+and the entropy tap.
 
 At a step with token selection (K < 1), or at every step with ``--d3s.chunked_logits``, the actor's
 experience-making forward returns the old log-probs (and, for token selection, the policy entropy) of the action
 positions, and the reference model's forward its log-probs. The entropy is computed only where the token scores
 read it (the actor at a step with token selection); the other forwards do the log-prob work alone. Upstream's
 ``Actor.forward`` builds the fp32 logits of every position for that, (B, S, V): at micro-batch 16 x 4096 tokens and
-Qwen2.5's 151,936-token vocabulary about 40 GB, plus the head's bf16 output. ``head_free_log_probs`` runs the model
-up to its LM head and scores only the positions that predict action tokens, one block of logits at a time
+Qwen2.5's 151,936-token vocabulary about 40 GB, plus the head's bf16 output. ``chunked_logits_log_probs`` runs the
+model up to its LM head and scores only the positions that predict action tokens, one block of logits at a time
 (``training_forward``). The prompt's positions never reach the head.
 
 The arithmetic is upstream's: the head's matmul in the parameters' dtype, the cast to fp32, the division by
@@ -35,7 +36,7 @@ from d3s_openrlhf.integration.training_forward import action_log_probs_entropy
 
 
 @torch.no_grad()
-def head_free_log_probs(
+def chunked_logits_log_probs(
     actor: Actor,
     sequences: torch.LongTensor,
     action_mask: torch.Tensor,
@@ -64,9 +65,9 @@ def head_free_log_probs(
     return grid.index_put(index, log_probs), None if entropy is None else grid.index_put(index, entropy)
 
 
-class HeadFreeForward:
+class ChunkedLogitsForward:
     """Stands in for an ``Actor`` during one experience-making forward of a Ray model actor: called as upstream's
-    model actors call it, it returns the action log-probs from :func:`head_free_log_probs` and, ``with_entropy``,
+    model actors call it, it returns the action log-probs from :func:`chunked_logits_log_probs` and, ``with_entropy``,
     keeps the entropy (else ``entropy`` stays None)."""
 
     def __init__(self, model: Actor, with_entropy: bool = False) -> None:
@@ -79,8 +80,8 @@ class HeadFreeForward:
 
     def __call__(self, sequences, action_mask, attention_mask, ring_attn_group=None, packed_seq_lens=None, **mm_inputs):
         if ring_attn_group is not None or mm_inputs:
-            raise ValueError("the head-free forward supports neither ring attention nor multimodal inputs")
-        log_probs, self.entropy = head_free_log_probs(
+            raise ValueError("the chunked-logits forward supports neither ring attention nor multimodal inputs")
+        log_probs, self.entropy = chunked_logits_log_probs(
             self.model, sequences, action_mask, attention_mask, packed_seq_lens=packed_seq_lens,
             with_entropy=self.with_entropy,
         )

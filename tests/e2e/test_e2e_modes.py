@@ -165,7 +165,7 @@ def test_dynamic_filtering_schedule_follows_the_steps_taken(toy_sft, run_pipelin
         assert 0 < values["d3s/kept_tokens"] <= values["d3s/candidate_tokens"], step
 
 
-# ── the forwards without full logits ──
+# ── the chunked-logits forwards ──
 
 KL_AND_ENTROPY = ["--algo.kl.use_loss", "--actor.entropy_coef", "0.01"]
 
@@ -192,7 +192,7 @@ def test_losses_reading_every_token_train_without_full_logits(
     run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "every_token", config), name="every_token")
     assert_clean_run(run, range(1, STEPS + 1))
     log = Path(run.log).read_text(errors="replace")
-    assert f"[d3s] training forward without full logits: log-probs at {said}" in log, run.tail()
+    assert f"[d3s] training forward with chunked logits: log-probs at {said}" in log, run.tail()
     assert "with full logits (" not in log
     for step, values in run.steps.items():
         assert math.isfinite(values["kl"]) and math.isfinite(values["entropy_loss"]), (step, values)

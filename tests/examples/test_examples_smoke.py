@@ -47,4 +47,4 @@ def test_script_runs_two_steps_on_cpu(script, nodes, toy_files, tmp_path):
     if "3b-instruct" in script:
         assert "--ds.lora.rank 64" in log.replace("'", "")
     else:  # the paper-scale loss (KL loss, K < 1): no full logits in the training forward
-        assert "[d3s] training forward without full logits: log-probs at every action token" in log
+        assert "[d3s] training forward with chunked logits: log-probs at every action token" in log

@@ -414,7 +414,7 @@ def test_trainer_builds_the_d3s_loss_and_buffer_and_restores_upstreams_names(mod
 
 
 # --------------------------------------------------------------------------------------------------------------
-# the training forward without full logits
+# the training forward with chunked logits
 
 
 def record_head_inputs(actor):
@@ -425,7 +425,7 @@ def record_head_inputs(actor):
 
 
 def record_entropy_requests(monkeypatch):
-    """Whether each call of the chunked kernel (every forward without full logits) asked for the entropy."""
+    """Whether each call of the chunked kernel (every chunked-logits forward) asked for the entropy."""
     import d3s_openrlhf.integration.training_forward as training_forward_module
 
     asked, kernel = [], training_forward_module.chunked_logprobs_entropy
@@ -497,7 +497,7 @@ def test_training_forward_gives_the_full_logits_loss_and_gradient(model_dir, cpu
 @pytest.mark.parametrize("loss", ["ppo", "kl-entropy-gspo"])
 def test_chunked_logits_flag_takes_the_forward_at_every_step(model_dir, cpu_cuda, loss):
     """--d3s.chunked_logits: at a step without token selection (no pg mask: K = 1, PODS) the training forward
-    too computes the log-probs of every action token without full logits, and equals upstream's step."""
+    too computes the log-probs of every action token with chunked logits, and equals upstream's step."""
     results = []
     for config in (None, D3SConfig(chunked_logits=True)):
         args = make_args(**LOSSES[loss])
@@ -542,7 +542,7 @@ def test_training_forward_only_where_the_logits_are_the_heads_output(model_dir, 
     from d3s_openrlhf.integration.training_forward import training_forward_blocker
 
     actor = load_actor(model_dir)
-    for loss in LOSSES.values():  # every loss: KL, GSPO and entropy read every token, without full logits
+    for loss in LOSSES.values():  # every loss: KL, GSPO and entropy read every token, with chunked logits
         assert training_forward_blocker(make_args(**loss), actor, False) is None
     blocked = {
         "--d3s.full_logits": (make_args(), True, None),
@@ -586,8 +586,8 @@ def test_training_forward_on_cuda_equals_upstreams(model_dir, dtype, packing):
 @pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe-aux-loss"])
 def test_a_deepspeed_engine_starts_the_backward_once(stage, moe, process_group, monkeypatch):
     """DeepSpeed starts its backward (ZeRO's accumulation boundary, ...) from hooks on its forward's outputs, which
-    a loss of log-probs computed after that forward does not reach: without hooks of its own, the forward
-    without full logits trained with the prologue never run. With an MoE aux loss (an engine output on the loss
+    a loss of log-probs computed after that forward does not reach: without hooks of its own, the chunked-logits
+    forward trained with the prologue never run. With an MoE aux loss (an engine output on the loss
     path) it still runs once."""
     import deepspeed
     from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
@@ -886,7 +886,7 @@ def with_full_logits(args, full_logits):
 
 
 @pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
-@pytest.mark.parametrize("full_logits", [False, True], ids=["head-free", "full-logits"])
+@pytest.mark.parametrize("full_logits", [False, True], ids=["chunked-logits", "full-logits"])
 def test_entropy_forward_returns_upstreams_log_probs_and_the_action_entropy(model_dir, cpu_cuda, packing, full_logits):
     actor = load_actor(model_dir, temperature=0.7, packing_samples=packing)
     worker = bare_policy_actor(actor, with_full_logits(make_args(), full_logits))
@@ -910,7 +910,7 @@ def test_entropy_forward_returns_upstreams_log_probs_and_the_action_entropy(mode
     assert torch.all(entropy[~e.action_mask] == 0) and torch.all(entropy[e.action_mask] > 0)
 
 
-@pytest.mark.parametrize("full_logits", [False, True], ids=["head-free", "full-logits"])
+@pytest.mark.parametrize("full_logits", [False, True], ids=["chunked-logits", "full-logits"])
 def test_policy_forward_gives_log_probs_without_full_logits_when_asked(model_dir, cpu_cuda, full_logits):
     """--d3s.chunked_logits at a step without token selection: the log-probs alone, from the hidden states."""
     actor = load_actor(model_dir, temperature=0.7)
@@ -920,7 +920,7 @@ def test_policy_forward_gives_log_probs_without_full_logits_when_asked(model_dir
     expected = upstream_forward(worker, e.sequences, e.action_mask, e.attention_mask)
     heads = record_head_inputs(actor)
     entropy_asked = record_entropy_requests(cpu_cuda)
-    got = worker.forward(e.sequences, e.action_mask, e.attention_mask, head_free=True)
+    got = worker.forward(e.sequences, e.action_mask, e.attention_mask, chunked_logits=True)
     assert isinstance(got, torch.Tensor) and worker.actor is actor
     assert entropy_asked == ([] if full_logits else [False])  # the log-probs alone
     if full_logits:
@@ -931,14 +931,14 @@ def test_policy_forward_gives_log_probs_without_full_logits_when_asked(model_dir
 
 
 # --------------------------------------------------------------------------------------------------------------
-# the experience-making forwards without full logits
+# the experience-making forwards with chunked logits
 
 
 @pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_head_free_log_probs_equal_upstreams_forward(model_dir, cpu_cuda, packing, temperature, dtype):
-    from d3s_openrlhf.integration.experience_forward import head_free_log_probs
+def test_chunked_logits_log_probs_equal_upstreams_forward(model_dir, cpu_cuda, packing, temperature, dtype):
+    from d3s_openrlhf.integration.experience_forward import chunked_logits_log_probs
 
     actor = load_actor(model_dir, temperature=temperature, packing_samples=packing)
     actor.model.to(dtype)
@@ -950,7 +950,7 @@ def test_head_free_log_probs_equal_upstreams_forward(model_dir, cpu_cuda, packin
     tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
     for chunk_size, with_entropy in ((None, True), (1, True), (3, True), (None, False), (3, False)):
         heads.clear()
-        log_probs, entropy = head_free_log_probs(
+        log_probs, entropy = chunked_logits_log_probs(
             actor, e.sequences, e.action_mask, e.attention_mask, chunk_size=chunk_size, with_entropy=with_entropy
         )
         assert heads == [(int(e.action_mask.sum()), 64)]  # once, on the action positions only
@@ -965,8 +965,8 @@ def test_head_free_log_probs_equal_upstreams_forward(model_dir, cpu_cuda, packin
         assert torch.all(entropy[~e.action_mask] == 0)
 
 
-def test_head_free_forward_never_holds_the_full_logits(tmp_path, cpu_cuda, peak_memory):
-    from d3s_openrlhf.integration.experience_forward import head_free_log_probs
+def test_chunked_logits_forward_never_holds_the_full_logits(tmp_path, cpu_cuda, peak_memory):
+    from d3s_openrlhf.integration.experience_forward import chunked_logits_log_probs
 
     actor, sequences, attention_mask, action_mask = wide_vocabulary_batch(tmp_path, rows=4)
     (rows, length), vocab = sequences.shape, actor.model.config.vocab_size
@@ -974,7 +974,7 @@ def test_head_free_forward_never_holds_the_full_logits(tmp_path, cpu_cuda, peak_
     with torch.no_grad():
         expected, upstream_peak = peak_memory(actor, sequences, action_mask, attention_mask)
     (log_probs, _), peak = peak_memory(
-        head_free_log_probs, actor, sequences, action_mask, attention_mask, chunk_size=8
+        chunked_logits_log_probs, actor, sequences, action_mask, attention_mask, chunk_size=8
     )
     torch.testing.assert_close(log_probs, expected, rtol=1e-5, atol=1e-5)
     assert upstream_peak >= full_logits_bytes  # the measurement sees upstream's logits
@@ -992,7 +992,7 @@ def bare_reference_actor(actor, args):
 
 
 @pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
-def test_reference_forward_without_full_logits_when_asked(model_dir, cpu_cuda, packing):
+def test_reference_chunked_logits_forward_when_asked(model_dir, cpu_cuda, packing):
     import openrlhf.trainer.ray.launcher as launcher
 
     entropy_asked = record_entropy_requests(cpu_cuda)
@@ -1005,7 +1005,7 @@ def test_reference_forward_without_full_logits_when_asked(model_dir, cpu_cuda, p
         expected = upstream(worker, e.sequences, e.action_mask, e.attention_mask)
         assert torch.equal(worker.forward(e.sequences, e.action_mask, e.attention_mask), expected)
         heads = record_head_inputs(actor)
-        got = worker.forward(e.sequences, e.action_mask, e.attention_mask, head_free=True)
+        got = worker.forward(e.sequences, e.action_mask, e.attention_mask, chunked_logits=True)
         assert worker.model is actor and got.device.type == "cpu"
         if full_logits:
             assert torch.equal(got, expected) and heads[0][-2] > 0
@@ -1017,10 +1017,10 @@ def test_reference_forward_without_full_logits_when_asked(model_dir, cpu_cuda, p
 
 
 def test_the_model_actors_step_aside_for_upstreams_forward_under_deepcompile():
-    from d3s_openrlhf.integration.actor import _head_free_blocker
+    from d3s_openrlhf.integration.actor import _chunked_logits_blocker
 
     strategy = NS(args=make_args(ds__deepcompile=True), ring_attn_group=None)
-    assert "--ds.deepcompile" in _head_free_blocker(strategy, model=None)  # decided before the model is read
+    assert "--ds.deepcompile" in _chunked_logits_blocker(strategy, model=None)  # decided before the model is read
 
 
 def test_init_model_swaps_the_trainer_and_keeps_the_given_lr_horizon(model_dir, cpu_cuda):
