@@ -183,7 +183,7 @@ KL_AND_ENTROPY = ["--algo.kl.use_loss", "--actor.entropy_coef", "0.01"]
     ],
     ids=["k-below-1-kl-entropy", "chunked-logits-pods-gspo-kl-entropy"],
 )
-def test_losses_reading_every_token_train_without_full_logits(
+def test_losses_reading_every_token_train_with_chunked_logits(
     flags, said, toy_sft, run_pipeline, assert_clean_run, tmp_path
 ):
     # the paper-scale scripts' loss (KL loss, K < 1) and, with --d3s.chunked_logits, PODS at K = 1 with GSPO: the
