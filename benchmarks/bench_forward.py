@@ -8,7 +8,7 @@ the bf16 logits, so its peak there is about 1.5x these logits).
 Experience-making forward (no grad), what a step with K < 1 computes:
 * ``upstream``:       OpenRLHF's ``Actor.forward`` (log-probs only: what upstream computes without D3S);
 * ``full_logits``:    upstream's forward plus the entropy of its logits (D3S with ``--d3s.full_logits``);
-* ``head_free``:      ``experience_forward.head_free_log_probs`` (log-probs and entropy, chunked, no full logits).
+* ``head_free``:      ``experience_forward.chunked_logits_log_probs`` (log-probs and entropy, chunked logits).
 
 Training step (forward and backward of a token-mean PG loss over the kept tokens; ``kl``: plus a k3 KL loss over
 every action token, as the paper-scale scripts' ``--algo.kl.use_loss``):
@@ -48,7 +48,7 @@ from openrlhf.models.utils import compute_approx_kl
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from d3s_openrlhf.core.entropy import entropy_from_logits
-from d3s_openrlhf.integration.experience_forward import head_free_log_probs
+from d3s_openrlhf.integration.experience_forward import chunked_logits_log_probs
 from d3s_openrlhf.integration.training_forward import final_hidden_states, training_forward
 from memory_probe import MIB, peak_allocated_bytes  # benchmarks/ is sys.path[0] when this file runs
 from upstream_logprobs import install_triton_profile
@@ -102,7 +102,7 @@ def experience_variants(actor, sequences, attention_mask, action_mask):
             entropy_from_logits(output["logits"][:, :-1][:, -action_mask.shape[1] :])
 
     def head_free():
-        head_free_log_probs(actor, sequences, action_mask, attention_mask, with_entropy=True)
+        chunked_logits_log_probs(actor, sequences, action_mask, attention_mask, with_entropy=True)
 
     return {"upstream": upstream, "full_logits": full_logits, "head_free": head_free}
 

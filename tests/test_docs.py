@@ -61,3 +61,16 @@ def test_the_readme_is_a_landing_page():
     assert len(text.splitlines()) <= 150
     assert "d3s_openrlhf.cli.train_ppo_ray" in text.split("## Try it on a CPU")[0]  # the one-line change, early
     assert not re.search(r"\d+ min(utes)? \d+ s|suite (time|takes)", text)  # no suite times in prose
+
+
+def test_the_architecture_page_names_every_module_once():
+    """docs/architecture.md's module table: one row per module of the package, no module missing, none twice."""
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    table = page.split("\n## Modules\n", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `([^`]+\.py)` \|", table, re.MULTILINE)
+    package = ROOT / "d3s_openrlhf"
+    modules = sorted(path.relative_to(package).as_posix() for path in package.rglob("*.py"))
+    assert sorted(set(rows)) == modules, (
+        f"missing: {sorted(set(modules) - set(rows))}, not in the package: {sorted(set(rows) - set(modules))}"
+    )
+    assert len(rows) == len(set(rows)), f"named twice: {sorted({row for row in rows if rows.count(row) > 1})}"

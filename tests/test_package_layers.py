@@ -80,7 +80,7 @@ def test_no_two_subpackages_import_each_other():
 
 
 def test_the_worker_side_does_not_import_the_driver():
-    for worker in ("actor", "training_forward", "experience_forward"):
+    for worker in ("actor", "loss", "replay_buffer", "training_forward", "experience_forward"):
         assert "d3s_openrlhf.integration.experience_maker" not in GRAPH[f"d3s_openrlhf.integration.{worker}"]
 
 

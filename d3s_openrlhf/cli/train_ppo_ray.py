@@ -6,18 +6,16 @@ and ``train()`` run as shipped (through ``runpy``).
 
 * D3S off (no flags, ``--d3s.preset grpo``, or nothing selected at any point): upstream's module runs with the
   remaining arguments and two changes only: the trainers' evaluation also logs the unbiased
-  ``eval/<datasource>/pass@k`` (``integration.eval_metrics``: the same metric as a D3S run, for the comparison),
-  and under LoRA (``--ds.lora.rank > 0``), where upstream's weight sync cannot send adapters to vLLM, the policy
-  actor's sync is swapped for the merged one (``integration.lora_sync``).
+  ``eval/<datasource>/pass@k``, and under LoRA (``--ds.lora.rank > 0``) the policy actor's weight sync is the
+  merged one.
 * D3S on: the configuration is validated against the host flags before anything else happens (so before
-  ``ray.init`` and before any actor exists); then, for the duration of the run, the resolved config is attached
-  to the host args as ``args.d3s`` (a namespace of the ``D3SConfig`` fields, added by wrapping
-  ``openrlhf.utils.config.hierarchize``, so every Ray worker sees ``strategy.args.d3s``), and the module globals
-  that upstream's ``train()`` instantiates are pointed at the D3S classes: ``PolicyModelActor``,
-  ``ReferenceModelActor``, ``PPOTrainer`` and ``PPOTrainerAsync``.
+  ``ray.init`` and before any actor exists); then upstream's module runs with the D3S classes and the config
+  (``args.d3s``) swapped in for the duration of the run.
 * ``--d3s.dry_run`` validates, prints the resolved configuration and the (N, K) and kept counts along the
   schedule, and exits without starting Ray.
 * ``--help`` prints upstream's help followed by the D3S flags.
+
+The swaps of both cases live in ``integration/swaps.py``; this module only parses, validates and calls.
 """
 
 from __future__ import annotations
@@ -104,49 +102,11 @@ def fixed_steps_line(config: D3SConfig, host_args) -> str:
 # ── running upstream ──
 
 
-def d3s_swaps(config: D3SConfig):
-    """The swaps (see ``host.run_upstream_main``) under which upstream's ``train_ppo_ray`` builds the D3S actor,
-    trainers and ``args.d3s``."""
-    import openrlhf.trainer.ppo_trainer as ppo_trainer
-    import openrlhf.trainer.ppo_trainer_async as ppo_trainer_async
-    import openrlhf.trainer.ray.launcher as launcher
-    import openrlhf.trainer.ray.ppo_actor as ppo_actor
-    import openrlhf.utils.config as host_config
-
-    from d3s_openrlhf.integration.actor import D3SPolicyModelActor, D3SReferenceModelActor
-    from d3s_openrlhf.integration.trainer import D3SPPOTrainer, D3SPPOTrainerAsync
-
-    upstream_hierarchize = host_config.hierarchize
-
-    def hierarchize_with_d3s(args):
-        hierarchized = upstream_hierarchize(args)
-        hierarchized.d3s = host.config_namespace(config)
-        return hierarchized
-
-    return (
-        (host_config, {"hierarchize": hierarchize_with_d3s}),
-        (ppo_actor, {"PolicyModelActor": D3SPolicyModelActor}),
-        (launcher, {"ReferenceModelActor": D3SReferenceModelActor}),
-        (ppo_trainer, {"PPOTrainer": D3SPPOTrainer}),
-        (ppo_trainer_async, {"PPOTrainerAsync": D3SPPOTrainerAsync}),
-    )
-
-
 def run(host_argv: Sequence[str], config: D3SConfig, lora: bool = False) -> None:
-    """Run upstream's ``train_ppo_ray``: with the D3S classes swapped in when D3S is on; with D3S off, with the
-    trainers whose evaluation adds the unbiased pass@k and, under LoRA (``lora``), the merged LoRA weight sync
-    (upstream's cannot reach vLLM)."""
-    if config.enabled:
-        swaps = d3s_swaps(config)
-    else:
-        from d3s_openrlhf.integration.eval_metrics import pass_at_k_swaps
+    """Run upstream's ``train_ppo_ray`` under the run's swaps (``integration.swaps.swaps_for_run``)."""
+    from d3s_openrlhf.integration.swaps import swaps_for_run  # the Ray actor classes: for a run, not for --help
 
-        swaps = tuple(pass_at_k_swaps())
-        if lora:
-            from d3s_openrlhf.integration.lora_sync import lora_swaps
-
-            swaps += tuple(lora_swaps())
-    host.run_upstream_main(host_argv, *swaps)
+    host.run_upstream_main(host_argv, *swaps_for_run(config, lora))
 
 
 def print_help(file=None) -> None:

@@ -10,19 +10,17 @@ prefix ``eval/``: ``eval/<ds>/pass@k`` in wandb and tensorboard.
 The seams: :class:`PassAtKPPOTrainerBase` (sync trainer, ``evaluate``) and
 :class:`PassAtKGenerateSamplesActorBase` (async generator actor, ``_run_eval``) call upstream's method with
 :func:`compute_eval_metrics` in place of the module global it calls. The D3S trainers derive from them
-(``integration/trainer.py``); with D3S off, ``d3s_openrlhf.cli.train_ppo_ray`` swaps in the Ray actors of this
-module (:func:`pass_at_k_swaps`), so a GRPO run logs the same metric. The samples are grouped as upstream groups
-them (n consecutive samples per prompt, the datasource of the group's first prompt).
+(``integration/trainer.py``); with D3S off, the entrypoint swaps in the Ray actors of this module
+(``swaps.pass_at_k_swaps``), so a GRPO run logs the same metric. The samples are grouped as upstream groups them (n
+consecutive samples per prompt, the datasource of the group's first prompt).
 """
 
 from __future__ import annotations
 
 import inspect
-from typing import Dict, Iterator
+from typing import Dict
 
 import numpy as np
-import openrlhf.trainer.ppo_trainer as ppo_trainer
-import openrlhf.trainer.ppo_trainer_async as ppo_trainer_async
 from openrlhf.trainer.ppo_trainer import PPOTrainer
 from openrlhf.trainer.ppo_trainer import compute_eval_metrics as upstream_compute_eval_metrics
 from openrlhf.trainer.ppo_trainer_async import GenerateSamplesActor, PPOTrainerAsync
@@ -97,12 +95,3 @@ class _PassAtKPPOTrainerAsync(PPOTrainerAsync.__ray_actor_class__):
 
 
 PassAtKPPOTrainerAsync = remote_like(PPOTrainerAsync, _PassAtKPPOTrainerAsync)
-
-
-def pass_at_k_swaps() -> Iterator:
-    """The swaps (see ``host.run_upstream_main``) under which upstream's ``train_ppo_ray``, D3S off, builds trainers
-    whose evaluation adds the unbiased pass@k."""
-    return (
-        (ppo_trainer, {"PPOTrainer": PassAtKPPOTrainer}),
-        (ppo_trainer_async, {"PPOTrainerAsync": PassAtKPPOTrainerAsync}),
-    )

@@ -236,8 +236,8 @@ class D3SExperienceMaker(RemoteExperienceMaker):
 
     def _dispatch_forward(self, group, sync_condition, **kwargs):
         """Upstream's dispatch; when token selection runs, the actor's forward is asked for (log_probs, entropy) and
-        the reference's for its log-probs without full logits (both through ``experience_forward``); otherwise, with
-        ``--d3s.chunked_logits``, both for their log-probs without full logits.
+        the reference's for its log-probs with chunked logits (both through ``experience_forward``); otherwise, with
+        ``--d3s.chunked_logits``, both for their log-probs with chunked logits.
 
         The refs to those pairs go to upstream's ``make_experience`` unchanged; ``_flatten_results`` recognises
         them and splits the pairs in this process (no extra Ray work).
@@ -247,8 +247,8 @@ class D3SExperienceMaker(RemoteExperienceMaker):
             return super()._dispatch_forward(group, sync_condition, **kwargs)
         batches = len(next(iter(kwargs.values())))
         if group is self.initial_model_group or not self._entropy_wanted:
-            # log-probs without full logits (D3SReferenceModelActor, D3SPolicyModelActor)
-            return super()._dispatch_forward(group, sync_condition, head_free=[True] * batches, **kwargs)
+            # log-probs with chunked logits (D3SReferenceModelActor, D3SPolicyModelActor)
+            return super()._dispatch_forward(group, sync_condition, chunked_logits=[True] * batches, **kwargs)
         self._pair_refs = super()._dispatch_forward(group, sync_condition, return_entropy=[True] * batches, **kwargs)
         return self._pair_refs
 

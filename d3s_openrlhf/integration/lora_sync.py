@@ -33,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import types
-from typing import Iterator, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import ray
 import torch
@@ -241,8 +241,3 @@ class LoRASyncPolicyModelActor(ppo_actor.PolicyModelActor.__ray_actor_class__):
         upstream = super().init_model_from_pretrained
         with swapped_globals(upstream.__func__, ActorPPOTrainer=LoRASyncActorPPOTrainer):
             upstream(strategy, pretrain, max_steps, vllm_engines)
-
-
-def lora_swaps() -> Iterator:
-    """The swap (see ``host.run_upstream_main``) under which upstream's ``train_ppo_ray`` syncs merged LoRA weights."""
-    return ((ppo_actor, {"PolicyModelActor": LoRASyncPolicyModelActor}),)

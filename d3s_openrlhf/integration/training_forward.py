@@ -1,4 +1,4 @@
-"""The actor's forwards with log-probs (and entropy) from the final hidden states, never the full logits.
+"""The actor's chunked-logits forwards: log-probs (and entropy) from the final hidden states, never the full logits.
 
 Upstream's ``Actor.forward`` applies the LM head and the fp32 log-softmax at every position: (B, S, V) logits, the
 largest activation of a step (16 x 4096 x 151,936 fp32 is about 40 GB). Here the model runs up to its LM head
@@ -242,7 +242,7 @@ def training_forward(
     return_entropy: bool = False,
 ):
     """Upstream's ``Actor.forward(sequences, action_mask, attention_mask, return_output=..., return_entropy=...)``
-    for a training step, without full logits (see the module docstring).
+    for a training step, with chunked logits (see the module docstring).
 
     Args:
         sequences, attention_mask: (B, S) as upstream's.
@@ -259,7 +259,7 @@ def training_forward(
         ``return_output``. Upstream's ``output.logits`` is empty (B, 0, V).
     """
     if ring_attn_group is not None:
-        raise ValueError("the forward without full logits does not support ring attention")
+        raise ValueError("the chunked-logits forward does not support ring attention")
     if log_prob_mask is not None and (return_entropy or fill_log_probs is None):
         raise ValueError(
             "with a log_prob_mask the other action tokens need fill_log_probs, and there is no entropy (the entropy "

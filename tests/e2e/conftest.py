@@ -14,31 +14,25 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from d3s_openrlhf.testbed import pipeline
+from d3s_openrlhf.testbed import pipeline, processes
 from d3s_openrlhf.testbed.metrics import read_train_scalars
+from d3s_openrlhf.testbed.processes import command_line
+
+# the shared checks of the runs, ``import pipeline_checks`` (tests/ is no package)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 MARKER = "D3S_E2E_RUN"
 RUN_TIMEOUT_S = 400  # a run takes 40-90 s here; a hang (e.g. a placement group without GPUs) must not stall CI
 
 
 def marked_processes(run_id, marker=MARKER):
-    """PIDs of live processes whose environment carries ``marker=run_id``."""
-    needle = f"{marker}={run_id}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    found.append(int(entry))
-        except OSError:
-            continue
-    return found
+    """PIDs of live processes whose environment carries ``marker=run_id`` (``testbed.processes``)."""
+    return processes.marked_processes(marker, run_id)
 
 
 def leftover_processes(run_id, grace_s=45.0):
@@ -49,16 +43,14 @@ def leftover_processes(run_id, grace_s=45.0):
         if not alive:
             return []
         time.sleep(0.5)
-    alive = marked_processes(run_id)
     names = []
-    for pid in alive:
+    for pid in marked_processes(run_id):
+        command = command_line(pid)
         try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                command = f.read().replace(b"\0", b" ").decode(errors="replace")
-            names.append(f"{pid}: {command[:120]}")
             os.kill(pid, signal.SIGKILL)
         except OSError:
             continue
+        names.append(f"{pid}: {command}")
     return names
 
 

@@ -9,13 +9,12 @@ lasts ~0.1 s of a toy step and cannot be hit from outside reliably: tests/integr
 covers it with a wait that never ends on its own."""
 
 import dataclasses
-import importlib.util
 import os
 import signal
 import time
 import uuid
-from pathlib import Path
 
+import pipeline_checks as helpers
 import pytest
 
 from d3s_openrlhf.testbed import pipeline
@@ -26,18 +25,6 @@ VICTIM_MARKER = "D3S_E2E_VICTIM_RUN"
 # Ray's process titles: ray::<actor class>[.<method>]
 VICTIMS = {"engine": "RolloutRayActor", "generator": "GenerateSamplesActor"}
 DEADLINE_S = 300  # the issue's bound; the runs here end a few seconds after the kill
-
-
-def _pipeline_helpers():
-    """test_e2e_pipeline.py's per-step checks (tests/ is no package: OpenRLHF's wheel owns the name), by path."""
-    path = Path(__file__).with_name("test_e2e_pipeline.py")
-    spec = importlib.util.spec_from_file_location("_d3s_e2e_pipeline_helpers", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-helpers = _pipeline_helpers()
 
 
 def _descendants(pid):

@@ -5,30 +5,19 @@ assertions as tests/e2e/test_e2e_pipeline.py; the engine's log-probs after a LoR
 tests/e2e/test_e2e_vllm_weight_sync.py."""
 
 import dataclasses
-import importlib.util
 import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import openrlhf
+import pipeline_checks as helpers
 import pytest
 
 from d3s_openrlhf.testbed import pipeline
 
 pytestmark = pytest.mark.e2e
 
-
-def _pipeline_helpers():
-    """test_e2e_pipeline.py's per-step checks (tests/ is no package: OpenRLHF's wheel owns the name), by path."""
-    path = Path(__file__).with_name("test_e2e_pipeline.py")
-    spec = importlib.util.spec_from_file_location("_d3s_e2e_pipeline_helpers", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-helpers = _pipeline_helpers()
 BASE, STEPS, CROSS = helpers.BASE, helpers.STEPS, helpers.CROSS
 LORA = ["--ds.lora.rank", "8", "--ds.lora.alpha", "16"]
 PACKED = ["--ds.packing_samples", "--ds.attn_implementation", "flash_attention_2"]

@@ -3,13 +3,13 @@ packing (flash-attention 2 on the CPU stand-in), dynamic batching, DAPO-style dy
 multi-turn agent. Same per-step assertions as tests/e2e/test_e2e_pipeline.py."""
 
 import dataclasses
-import importlib.util
 import json
 import math
 import os
 from fractions import Fraction
 from pathlib import Path
 
+import pipeline_checks as helpers
 import pytest
 
 from d3s_openrlhf.core.batching import kept_unit, legal_kept_count
@@ -18,24 +18,9 @@ from d3s_openrlhf.testbed import pipeline
 
 pytestmark = pytest.mark.e2e
 
-
-def _pipeline_helpers():
-    """test_e2e_pipeline.py's per-step checks (tests/ is no package: OpenRLHF's wheel owns the name), by path."""
-    path = Path(__file__).with_name("test_e2e_pipeline.py")
-    spec = importlib.util.spec_from_file_location("_d3s_e2e_pipeline_helpers", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-helpers = _pipeline_helpers()
 BASE, STEPS = helpers.BASE, helpers.STEPS
-CROSS = helpers.CROSS
+CROSS, ppo_args = helpers.CROSS, helpers.ppo_args
 TOY_AGENT = str(Path(pipeline.__file__).with_name("toy_agent.py"))
-
-
-def ppo_args(toy_sft, tmp_path, name, config):
-    return pipeline.ppo_args(toy_sft.sft_model, toy_sft.task, str(tmp_path / name), config)
 
 
 def test_packing_cross_scope(toy_sft, run_pipeline, assert_clean_run, tmp_path):
@@ -179,7 +164,7 @@ def test_dynamic_filtering_trains_the_fixed_steps(toy_sft, run_pipeline, assert_
         assert 0 < values["d3s/kept_tokens"] <= values["d3s/candidate_tokens"], step
 
 
-# ── the forwards without full logits ──
+# ── the chunked-logits forwards ──
 
 KL_AND_ENTROPY = ["--algo.kl.use_loss", "--actor.entropy_coef", "0.01"]
 
@@ -197,7 +182,7 @@ KL_AND_ENTROPY = ["--algo.kl.use_loss", "--actor.entropy_coef", "0.01"]
     ],
     ids=["k-below-1-kl-entropy", "chunked-logits-pods-gspo-kl-entropy"],
 )
-def test_losses_reading_every_token_train_without_full_logits(
+def test_losses_reading_every_token_train_with_chunked_logits(
     flags, said, toy_sft, run_pipeline, assert_clean_run, tmp_path
 ):
     # the paper-scale scripts' loss (KL loss, K < 1) and, with --d3s.chunked_logits, PODS at K = 1 with GSPO: the
@@ -206,7 +191,7 @@ def test_losses_reading_every_token_train_without_full_logits(
     run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "every_token", config), name="every_token")
     assert_clean_run(run, range(1, STEPS + 1))
     log = Path(run.log).read_text(errors="replace")
-    assert f"[d3s] training forward without full logits: log-probs at {said}" in log, run.tail()
+    assert f"[d3s] training forward with chunked logits: log-probs at {said}" in log, run.tail()
     assert "with full logits (" not in log
     for step, values in run.steps.items():
         assert math.isfinite(values["kl"]) and math.isfinite(values["entropy_loss"]), (step, values)

@@ -11,13 +11,14 @@ from pathlib import Path
 import pytest
 
 from d3s_openrlhf.testbed import smoke
+from d3s_openrlhf.testbed.smoke_inputs import prepare_toy
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "examples" / "scripts"
 
 
 @pytest.fixture(scope="module")
 def toy_files(tmp_path_factory, toy_sft):
-    return smoke.prepare_toy(str(tmp_path_factory.mktemp("smoke_toy")), prepared=toy_sft)
+    return prepare_toy(str(tmp_path_factory.mktemp("smoke_toy")), prepared=toy_sft)
 
 
 def assert_smoke_run(result, nodes):
@@ -46,17 +47,4 @@ def test_script_runs_two_steps_on_cpu(script, nodes, toy_files, tmp_path):
     if "3b-instruct" in script:
         assert "--ds.lora.rank 64" in log.replace("'", "")
     else:  # the paper-scale loss (KL loss, K < 1): no full logits in the training forward
-        assert "[d3s] training forward without full logits: log-probs at every action token" in log
-
-
-def test_every_node_of_the_local_cluster_has_its_own_temp_dir(monkeypatch):
-    # as on separate machines: two nodes' runtime-env agents unpacking the job's working_dir into one shared
-    # session directory raced, and a two-node job imported a half-unpacked checkout
-    starts = []
-    monkeypatch.setattr(smoke.Cluster, "_ray", lambda self, *args: starts.append(args))
-    with smoke.Cluster(nodes=3) as cluster:
-        temp_dirs = [args[args.index("--temp-dir") + 1] for args in starts]
-        assert len(starts) == 3 and len(set(temp_dirs)) == 3
-        assert all(d.startswith(cluster.temp_dir) for d in temp_dirs)
-        # Ray's Unix sockets live under <temp dir>/session_<date>_<time>_<pid>/sockets/ (at most 107 characters)
-        assert max(map(len, temp_dirs)) + len("/session_2026-11-25_14-52-30_737797_1234567/sockets/plasma_store") < 107
+        assert "[d3s] training forward with chunked logits: log-probs at every action token" in log

@@ -1,9 +1,17 @@
-"""Fixtures of the integration tests: a free local port and a one-rank gloo process group."""
+"""Fixtures of the integration tests: a free local port, a one-rank gloo process group, and the actor tests' tiny
+Llama (``model_dir``) with the CUDA calls OpenRLHF makes pointed at the CPU (``cpu_cuda``)."""
 
 import socket
+import sys
+from pathlib import Path
 
 import pytest
 import torch.distributed as dist
+
+# the actor tests' model and batches, ``import actor_batches`` (tests/ is no package)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from actor_batches import point_cuda_at_cpu, write_tiny_llama  # noqa: E402
 
 
 def _free_port():
@@ -27,3 +35,16 @@ def process_group():
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
     yield
     dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A tiny Llama and its tokenizer in a temporary directory (``actor_batches.write_tiny_llama``)."""
+    path = tmp_path_factory.mktemp("tiny-llama")
+    write_tiny_llama(path)
+    return str(path)
+
+
+@pytest.fixture
+def cpu_cuda(monkeypatch, process_group):
+    return point_cuda_at_cpu(monkeypatch)

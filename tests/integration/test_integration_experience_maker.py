@@ -68,7 +68,7 @@ def _recording_actor_class():
             mm_train_inputs_list=None,
             pad_sequence=None,
             return_entropy=False,
-            head_free=False,  # D3SReferenceModelActor's request for log-probs without full logits
+            chunked_logits=False,  # D3SReferenceModelActor's request for log-probs with chunked logits
         ):
 
             ids = (sequences[:, 1] - 1).tolist()
@@ -76,8 +76,8 @@ def _recording_actor_class():
                 self.calls.append(("reward", ids, False))
                 return (sequences[:, 0] - 21).float() / 10
             self.calls.append(("log_probs", ids, return_entropy))
-            if head_free:
-                self.calls.append(("head_free", ids, False))
+            if chunked_logits:
+                self.calls.append(("chunked_logits", ids, False))
             # Position t of the action mask is token t + 1 (OpenRLHF's alignment): padding-invariant values.
             tokens = sequences[:, 1:].long()
             mask = action_mask.float()
@@ -348,7 +348,7 @@ def test_only_kept_rollouts_reach_the_actor_and_reference_forwards(groups, preco
     policy, aux = _records(groups.policy), _records(groups.aux)
     assert forwarded_ids(policy, "log_probs") == kept
     assert forwarded_ids(aux, "log_probs") == kept  # reference model
-    assert forwarded_ids(aux, "head_free") == []  # K = 1: upstream's forwards
+    assert forwarded_ids(aux, "chunked_logits") == []  # K = 1: upstream's forwards
     roles = [kind for kind, _, _ in aux[0]]
     if precomputed:
         assert "reward" not in roles
@@ -537,8 +537,8 @@ def test_token_mask_from_the_actor_forward_entropy(groups, token_scope):
     policy, aux = _records(groups.policy), _records(groups.aux)
     assert all(entropy for rank in policy for kind, _, entropy in rank if kind == "log_probs")
     assert not any(entropy for rank in aux for _, _, entropy in rank)  # the reference returns no entropy...
-    # ...and is asked for its log-probs without full logits, like the actor at a step with token selection
-    assert forwarded_ids(aux, "head_free") == forwarded_ids(aux, "log_probs") == kept_ids(experiences)
+    # ...and is asked for its log-probs with chunked logits, like the actor at a step with token selection
+    assert forwarded_ids(aux, "chunked_logits") == forwarded_ids(aux, "log_probs") == kept_ids(experiences)
 
     kept_scores, dropped_scores = [], []
     kept_total = valid_total = 0

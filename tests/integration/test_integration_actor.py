@@ -20,73 +20,28 @@ import openrlhf.trainer.ray.ppo_actor as ppo_actor
 import pytest
 import torch
 import torch.distributed as dist
+from actor_batches import (
+    VOCAB,
+    load_actor,
+    make_experience,
+    point_cuda_at_cpu,
+    record_head_inputs,
+    upstream_action_entropy,
+    wide_vocabulary_batch,
+)
 from openrlhf.models import Actor, PolicyLoss
 from openrlhf.models.utils import compute_approx_kl
 from openrlhf.trainer.ppo_utils import NaiveReplayBuffer
-from openrlhf.trainer.ppo_utils.experience import Experience
 from openrlhf.utils import loss_utils
 
 from d3s_openrlhf.core.config import D3SConfig
-from d3s_openrlhf.integration.actor import (
-    D3SActorPPOTrainer,
-    D3SPolicyLoss,
-    D3SPolicyModelActor,
-    D3SReplayBuffer,
-    pg_mask_from_rows,
-)
+from d3s_openrlhf.integration.actor import D3SActorPPOTrainer, D3SPolicyModelActor
 from d3s_openrlhf.integration.host import PG_MASK_KEY, parse_host_args
-
-VOCAB = 128
-PROMPT = 3
-WIDTH = 5
-
+from d3s_openrlhf.integration.loss import D3SPolicyLoss, pg_mask_from_rows
+from d3s_openrlhf.integration.replay_buffer import D3SReplayBuffer
 
 # --------------------------------------------------------------------------------------------------------------
-# fixtures
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    path = tmp_path_factory.mktemp("tiny-llama")
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(path)
-    vocab = {f"t{i}": i for i in range(VOCAB - 3)} | {"<unk>": VOCAB - 3, "<pad>": VOCAB - 2, "</s>": VOCAB - 1}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    special = dict(unk_token="<unk>", pad_token="<pad>", eos_token="</s>")
-    PreTrainedTokenizerFast(tokenizer_object=tok, **special).save_pretrained(path)
-    return str(path)
-
-
-def point_cuda_at_cpu(monkeypatch):
-    """OpenRLHF calls torch.cuda unconditionally; on this CPU build point those calls at the CPU."""
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
-    return monkeypatch
-
-
-@pytest.fixture
-def cpu_cuda(monkeypatch, process_group):
-    return point_cuda_at_cpu(monkeypatch)
-
-
-def load_actor(model_dir, **kwargs):
-    actor = Actor(model_dir, attn_implementation="eager", param_dtype="bf16", **kwargs)
-    actor.model.float()  # fp32 so that reference comparisons can be tight
-    return actor
+# fixtures (model_dir, cpu_cuda: tests/integration/conftest.py)
 
 
 def make_args(**overrides):
@@ -179,47 +134,6 @@ def make_trainer(cls, actor, strategy, monkeypatch):
     )
     monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")
     return trainer
-
-
-def make_experience(actor, seed, rows=4, pg="random"):
-    """A batch as the experience maker hands it over: right-padded responses, old/ref log-probs near the current
-    policy's, per-token advantages, and (unless pg is None) the token mask as (rows, WIDTH + 2) bool rows."""
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(2, WIDTH + 1, (rows,), generator=g)
-    lengths[0] = WIDTH
-    sequences = torch.randint(0, VOCAB - 3, (rows, PROMPT + WIDTH), generator=g)
-    attention_mask = torch.zeros(rows, PROMPT + WIDTH, dtype=torch.long)
-    for i, n in enumerate(lengths.tolist()):
-        attention_mask[i, : PROMPT + n] = 1
-        sequences[i, PROMPT + n :] = VOCAB - 2
-    action_mask = torch.arange(WIDTH)[None, :] < lengths[:, None]
-    with torch.no_grad():
-        current = actor(sequences, action_mask, attention_mask)
-    noise = lambda scale: scale * torch.randn(rows, WIDTH, generator=g) * action_mask  # noqa: E731
-    advantages = (torch.randn(rows, 1, generator=g) + 0.2 * torch.randn(rows, WIDTH, generator=g)) * action_mask
-    info = {}
-    if pg is not None:
-        wide = torch.zeros(rows, WIDTH + 2, dtype=torch.bool)
-        if pg == "all":
-            wide[:, :WIDTH] = True
-        elif pg == "none":
-            pass  # no kept token at all (e.g. every advantage of the batch is 0)
-        else:
-            wide[:, :WIDTH] = (torch.rand(rows, WIDTH, generator=g) < 0.5) & action_mask
-            wide[1] = False  # a sequence with no kept token
-            wide[0, 0] = True
-        info[PG_MASK_KEY] = wide
-    return Experience(
-        sequences=sequences,
-        attention_mask=attention_mask,
-        action_mask=action_mask,
-        action_log_probs=current + noise(0.05),
-        base_action_log_probs=current + noise(0.1),
-        advantages=advantages,
-        response_length=lengths.float(),
-        total_length=(PROMPT + lengths).float(),
-        info=info,
-    )
 
 
 def as_training_batch(experience):
@@ -382,18 +296,11 @@ def test_trainer_builds_the_d3s_loss_and_buffer_and_restores_upstreams_names(mod
 
 
 # --------------------------------------------------------------------------------------------------------------
-# the training forward without full logits
-
-
-def record_head_inputs(actor):
-    """Shapes of the LM head's inputs, call by call."""
-    shapes = []
-    actor.model.get_output_embeddings().register_forward_hook(lambda m, args, out: shapes.append(tuple(args[0].shape)))
-    return shapes
+# the training forward with chunked logits
 
 
 def record_entropy_requests(monkeypatch):
-    """Whether each call of the chunked kernel (every forward without full logits) asked for the entropy."""
+    """Whether each call of the chunked kernel (every chunked-logits forward) asked for the entropy."""
     import d3s_openrlhf.integration.training_forward as training_forward_module
 
     asked, kernel = [], training_forward_module.chunked_logprobs_entropy
@@ -465,7 +372,7 @@ def test_training_forward_gives_the_full_logits_loss_and_gradient(model_dir, cpu
 @pytest.mark.parametrize("loss", ["ppo", "kl-entropy-gspo"])
 def test_chunked_logits_flag_takes_the_forward_at_every_step(model_dir, cpu_cuda, loss):
     """--d3s.chunked_logits: at a step without token selection (no pg mask: K = 1, PODS) the training forward
-    too computes the log-probs of every action token without full logits, and equals upstream's step."""
+    too computes the log-probs of every action token with chunked logits, and equals upstream's step."""
     results = []
     for config in (None, D3SConfig(chunked_logits=True)):
         args = make_args(**LOSSES[loss])
@@ -497,7 +404,7 @@ def test_training_forward_validates_its_masks(model_dir, cpu_cuda):
         training_forward(
             actor, e.sequences, e.action_mask, e.attention_mask, log_prob_mask=kept,
             fill_log_probs=e.action_log_probs, return_output=True, return_entropy=True,
-        )
+        )  # fmt: skip
     log_probs, output = training_forward(
         actor, e.sequences, e.action_mask, e.attention_mask, return_output=True, return_entropy=True
     )
@@ -510,7 +417,7 @@ def test_training_forward_only_where_the_logits_are_the_heads_output(model_dir, 
     from d3s_openrlhf.integration.training_forward import training_forward_blocker
 
     actor = load_actor(model_dir)
-    for loss in LOSSES.values():  # every loss: KL, GSPO and entropy read every token, without full logits
+    for loss in LOSSES.values():  # every loss: KL, GSPO and entropy read every token, with chunked logits
         assert training_forward_blocker(make_args(**loss), actor, False) is None
     blocked = {
         "--d3s.full_logits": (make_args(), True, None),
@@ -554,8 +461,8 @@ def test_training_forward_on_cuda_equals_upstreams(model_dir, dtype, packing):
 @pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe-aux-loss"])
 def test_a_deepspeed_engine_starts_the_backward_once(stage, moe, process_group, monkeypatch):
     """DeepSpeed starts its backward (ZeRO's accumulation boundary, ...) from hooks on its forward's outputs, which
-    a loss of log-probs computed after that forward does not reach: without hooks of its own, the forward
-    without full logits trained with the prologue never run. With an MoE aux loss (an engine output on the loss
+    a loss of log-probs computed after that forward does not reach: without hooks of its own, the chunked-logits
+    forward trained with the prologue never run. With an MoE aux loss (an engine output on the loss
     path) it still runs once."""
     import deepspeed
     from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
@@ -569,7 +476,7 @@ def test_a_deepspeed_engine_starts_the_backward_once(stage, moe, process_group, 
     sizes = dict(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
         num_key_value_heads=2, max_position_embeddings=64,
-    )
+    )  # fmt: skip
     torch.manual_seed(0)
     if moe:
         model = MixtralForCausalLM(MixtralConfig(**sizes, num_local_experts=2, num_experts_per_tok=1))
@@ -594,25 +501,6 @@ def test_a_deepspeed_engine_starts_the_backward_once(stage, moe, process_group, 
         engine.backward(loss)
         assert len(starts) == 1, (forward.__name__, len(starts))
         starts.clear()
-
-
-def wide_vocabulary_batch(tmp_path, rows):
-    """A one-layer Llama with a 32,768-token vocabulary (its logits dwarf the rest) and a batch of ``rows`` full
-    sequences of 64 tokens, 56 of them actions: ``(actor, sequences, attention_mask, action_mask)``."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    vocab, length, width = 32768, 64, 56
-    config = LlamaConfig(
-        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=2, max_position_embeddings=64,
-    )
-    LlamaForCausalLM(config).save_pretrained(tmp_path)
-    actor = load_actor(str(tmp_path))
-    g = torch.Generator().manual_seed(0)
-    sequences = torch.randint(0, vocab, (rows, length), generator=g)
-    attention_mask = torch.ones(rows, length, dtype=torch.long)
-    action_mask = torch.ones(rows, width, dtype=torch.bool)
-    return actor, sequences, attention_mask, action_mask
 
 
 def test_training_step_with_a_kl_loss_never_holds_the_full_logits(tmp_path, cpu_cuda, peak_memory):
@@ -836,25 +724,13 @@ def bare_policy_actor(actor, args):
     return worker
 
 
-def naive_entropy(logits):
-    return -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
-
-
-def upstream_action_entropy(actor, e):
-    """The policy entropy at the action positions from upstream's full (B, S, V) temperature-scaled logits."""
-    with torch.no_grad():  # re-padded by upstream when packed
-        output = actor(e.sequences, None, e.attention_mask, return_output=True, allgather_logits=True)
-    logits = output["logits"].reshape(*e.sequences.shape, -1)  # packed: upstream re-pads to (B, S, 1, V)
-    return naive_entropy(logits[:, :-1][:, -e.action_mask.shape[1] :].float()) * e.action_mask
-
-
 def with_full_logits(args, full_logits):
     args.d3s = D3SConfig(k_init=0.5, k_final=0.5, full_logits=full_logits).to_dict()
     return args
 
 
 @pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
-@pytest.mark.parametrize("full_logits", [False, True], ids=["head-free", "full-logits"])
+@pytest.mark.parametrize("full_logits", [False, True], ids=["chunked-logits", "full-logits"])
 def test_entropy_forward_returns_upstreams_log_probs_and_the_action_entropy(model_dir, cpu_cuda, packing, full_logits):
     actor = load_actor(model_dir, temperature=0.7, packing_samples=packing)
     worker = bare_policy_actor(actor, with_full_logits(make_args(), full_logits))
@@ -878,8 +754,8 @@ def test_entropy_forward_returns_upstreams_log_probs_and_the_action_entropy(mode
     assert torch.all(entropy[~e.action_mask] == 0) and torch.all(entropy[e.action_mask] > 0)
 
 
-@pytest.mark.parametrize("full_logits", [False, True], ids=["head-free", "full-logits"])
-def test_policy_forward_gives_log_probs_without_full_logits_when_asked(model_dir, cpu_cuda, full_logits):
+@pytest.mark.parametrize("full_logits", [False, True], ids=["chunked-logits", "full-logits"])
+def test_policy_forward_gives_log_probs_with_chunked_logits_when_asked(model_dir, cpu_cuda, full_logits):
     """--d3s.chunked_logits at a step without token selection: the log-probs alone, from the hidden states."""
     actor = load_actor(model_dir, temperature=0.7)
     worker = bare_policy_actor(actor, with_full_logits(make_args(), full_logits))
@@ -888,7 +764,7 @@ def test_policy_forward_gives_log_probs_without_full_logits_when_asked(model_dir
     expected = upstream_forward(worker, e.sequences, e.action_mask, e.attention_mask)
     heads = record_head_inputs(actor)
     entropy_asked = record_entropy_requests(cpu_cuda)
-    got = worker.forward(e.sequences, e.action_mask, e.attention_mask, head_free=True)
+    got = worker.forward(e.sequences, e.action_mask, e.attention_mask, chunked_logits=True)
     assert isinstance(got, torch.Tensor) and worker.actor is actor
     assert entropy_asked == ([] if full_logits else [False])  # the log-probs alone
     if full_logits:
@@ -896,58 +772,6 @@ def test_policy_forward_gives_log_probs_without_full_logits_when_asked(model_dir
     else:
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
         assert heads == [(int(e.action_mask.sum()), 64)]
-
-
-# --------------------------------------------------------------------------------------------------------------
-# the experience-making forwards without full logits
-
-
-@pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
-@pytest.mark.parametrize("temperature", [1.0, 0.6])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_head_free_log_probs_equal_upstreams_forward(model_dir, cpu_cuda, packing, temperature, dtype):
-    from d3s_openrlhf.integration.experience_forward import head_free_log_probs
-
-    actor = load_actor(model_dir, temperature=temperature, packing_samples=packing)
-    actor.model.to(dtype)
-    e = make_experience(actor, seed=41, rows=5, pg=None)
-    e.action_mask[3] = False  # a rollout without action tokens (an empty response)
-    with torch.no_grad():
-        expected = actor(e.sequences, e.action_mask, e.attention_mask)
-    heads = record_head_inputs(actor)
-    tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
-    for chunk_size, with_entropy in ((None, True), (1, True), (3, True), (None, False), (3, False)):
-        heads.clear()
-        log_probs, entropy = head_free_log_probs(
-            actor, e.sequences, e.action_mask, e.attention_mask, chunk_size=chunk_size, with_entropy=with_entropy
-        )
-        assert heads == [(int(e.action_mask.sum()), 64)]  # once, on the action positions only
-        assert log_probs.dtype == torch.float32 and log_probs.shape == e.action_mask.shape
-        torch.testing.assert_close(log_probs, expected, **tolerance)
-        assert torch.all(log_probs[~e.action_mask] == 0)
-        if not with_entropy:
-            assert entropy is None
-            continue
-        assert entropy.dtype == torch.float32
-        torch.testing.assert_close(entropy, upstream_action_entropy(actor, e), **tolerance)
-        assert torch.all(entropy[~e.action_mask] == 0)
-
-
-def test_head_free_forward_never_holds_the_full_logits(tmp_path, cpu_cuda, peak_memory):
-    from d3s_openrlhf.integration.experience_forward import head_free_log_probs
-
-    actor, sequences, attention_mask, action_mask = wide_vocabulary_batch(tmp_path, rows=4)
-    (rows, length), vocab = sequences.shape, actor.model.config.vocab_size
-    full_logits_bytes = rows * length * vocab * 4
-    with torch.no_grad():
-        expected, upstream_peak = peak_memory(actor, sequences, action_mask, attention_mask)
-    (log_probs, _), peak = peak_memory(
-        head_free_log_probs, actor, sequences, action_mask, attention_mask, chunk_size=8
-    )
-    torch.testing.assert_close(log_probs, expected, rtol=1e-5, atol=1e-5)
-    assert upstream_peak >= full_logits_bytes  # the measurement sees upstream's logits
-    chunk_bytes = 8 * vocab * 4
-    assert peak < 6 * chunk_bytes < full_logits_bytes / 4, (peak, chunk_bytes, full_logits_bytes)
 
 
 def bare_reference_actor(actor, args):
@@ -960,7 +784,7 @@ def bare_reference_actor(actor, args):
 
 
 @pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
-def test_reference_forward_without_full_logits_when_asked(model_dir, cpu_cuda, packing):
+def test_reference_chunked_logits_forward_when_asked(model_dir, cpu_cuda, packing):
     import openrlhf.trainer.ray.launcher as launcher
 
     entropy_asked = record_entropy_requests(cpu_cuda)
@@ -973,7 +797,7 @@ def test_reference_forward_without_full_logits_when_asked(model_dir, cpu_cuda, p
         expected = upstream(worker, e.sequences, e.action_mask, e.attention_mask)
         assert torch.equal(worker.forward(e.sequences, e.action_mask, e.attention_mask), expected)
         heads = record_head_inputs(actor)
-        got = worker.forward(e.sequences, e.action_mask, e.attention_mask, head_free=True)
+        got = worker.forward(e.sequences, e.action_mask, e.attention_mask, chunked_logits=True)
         assert worker.model is actor and got.device.type == "cpu"
         if full_logits:
             assert torch.equal(got, expected) and heads[0][-2] > 0
@@ -985,10 +809,10 @@ def test_reference_forward_without_full_logits_when_asked(model_dir, cpu_cuda, p
 
 
 def test_the_model_actors_step_aside_for_upstreams_forward_under_deepcompile():
-    from d3s_openrlhf.integration.actor import _head_free_blocker
+    from d3s_openrlhf.integration.actor import _chunked_logits_blocker
 
     strategy = NS(args=make_args(ds__deepcompile=True), ring_attn_group=None)
-    assert "--ds.deepcompile" in _head_free_blocker(strategy, model=None)  # decided before the model is read
+    assert "--ds.deepcompile" in _chunked_logits_blocker(strategy, model=None)  # decided before the model is read
 
 
 def test_init_model_swaps_the_trainer_and_keeps_the_given_lr_horizon(model_dir, cpu_cuda):

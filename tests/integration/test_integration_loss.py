@@ -1,4 +1,5 @@
-"""D3SPolicyLoss and the window normalisers, against OpenRLHF 0.11's real loss pieces.
+"""integration/loss.py: D3SPolicyLoss, the pg masks and the window normalisers, against OpenRLHF 0.11's real
+loss pieces.
 
 Everything here calls the real ``openrlhf.models.PolicyLoss`` / ``aggregate_loss`` (through D3SPolicyLoss's
 ``super().forward``) and the real ``openrlhf.utils.loss_utils`` window code; nothing is mocked.
@@ -16,7 +17,7 @@ from openrlhf.utils.loss_utils import (
     iter_grad_accum_global_norm,
 )
 
-from d3s_openrlhf.integration.actor import (
+from d3s_openrlhf.integration.loss import (
     D3SPolicyLoss,
     experience_pg_mask,
     pg_mask_from_rows,

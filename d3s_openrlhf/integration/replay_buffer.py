@@ -1,0 +1,46 @@
+"""The replay buffer of the D3S actor trainer: upstream's ``NaiveReplayBuffer``
+(``openrlhf/trainer/ppo_utils/replay_buffer.py``) that also counts the kept tokens of each dynamic optimizer step."""
+
+from __future__ import annotations
+
+from typing import List
+
+import torch
+import torch.distributed as dist
+from openrlhf.trainer.ppo_utils import NaiveReplayBuffer
+
+from d3s_openrlhf.integration.loss import experience_pg_mask
+
+
+class D3SReplayBuffer(NaiveReplayBuffer):
+    """Replay buffer that, with dynamic batching, also counts the kept tokens and kept sequences of every dynamic
+    optimizer step (over the DP group), next to upstream's full counts."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.d3s_pg_batch_num_tokens: List[float] = []
+        self.d3s_pg_global_batch_size: List[float] = []
+
+    def setup_dynamic_batch(self, strategy):
+        super().setup_dynamic_batch(strategy)
+        # group upstream's micro-batches into its optimizer steps (the last micro-batch of a step is flagged 1)
+        counts, micro_batches_per_step, tokens, seqs, n_micro = [], [], 0, 0, 0
+        for indices, is_last in zip(self.dynamic_indices, self.dynamic_optimizer_step):
+            for idx in indices:
+                item = self.items[idx]
+                kept = experience_pg_mask(item).sum().item()
+                tokens += kept
+                seqs += int(kept > 0)
+            n_micro += 1
+            if is_last:
+                counts.append([tokens, seqs])
+                micro_batches_per_step.append(n_micro)
+                tokens, seqs, n_micro = 0, 0, 0
+        self.d3s_pg_batch_num_tokens, self.d3s_pg_global_batch_size = [], []
+        if not counts:
+            return
+        totals = torch.tensor(counts, dtype=torch.float, device=torch.cuda.current_device())
+        dist.all_reduce(totals, op=dist.ReduceOp.SUM, group=strategy.ds_device_mesh["dp"].get_group())
+        for (step_tokens, step_seqs), n in zip(totals.tolist(), micro_batches_per_step):
+            self.d3s_pg_batch_num_tokens.extend([step_tokens] * n)
+            self.d3s_pg_global_batch_size.extend([step_seqs] * n)

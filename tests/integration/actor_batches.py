@@ -1,0 +1,131 @@
+"""The actor tests' model and batches (test_integration_actor.py, test_integration_experience_forward.py): a tiny
+Llama written locally, OpenRLHF's ``Actor`` around it, experiences as the experience maker hands them over, and
+upstream's entropy from its full logits. Imported by name (``import actor_batches``): tests/integration/conftest.py
+puts this directory on the path, tests/ being no package."""
+
+import torch
+from openrlhf.models import Actor
+from openrlhf.trainer.ppo_utils.experience import Experience
+
+from d3s_openrlhf.integration.host import PG_MASK_KEY
+
+VOCAB = 128
+PROMPT = 3
+WIDTH = 5
+
+
+def write_tiny_llama(path):
+    """A two-layer Llama over VOCAB word-level tokens, and its tokenizer, written to ``path``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(path)
+    vocab = {f"t{i}": i for i in range(VOCAB - 3)} | {"<unk>": VOCAB - 3, "<pad>": VOCAB - 2, "</s>": VOCAB - 1}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    special = dict(unk_token="<unk>", pad_token="<pad>", eos_token="</s>")
+    PreTrainedTokenizerFast(tokenizer_object=tok, **special).save_pretrained(path)
+    return str(path)
+
+
+def point_cuda_at_cpu(monkeypatch):
+    """OpenRLHF calls torch.cuda unconditionally; on this CPU build point those calls at the CPU."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    return monkeypatch
+
+
+def load_actor(model_dir, **kwargs):
+    actor = Actor(model_dir, attn_implementation="eager", param_dtype="bf16", **kwargs)
+    actor.model.float()  # fp32 so that reference comparisons can be tight
+    return actor
+
+
+def make_experience(actor, seed, rows=4, pg="random"):
+    """A batch as the experience maker hands it over: right-padded responses, old/ref log-probs near the current
+    policy's, per-token advantages, and (unless pg is None) the token mask as (rows, WIDTH + 2) bool rows."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(2, WIDTH + 1, (rows,), generator=g)
+    lengths[0] = WIDTH
+    sequences = torch.randint(0, VOCAB - 3, (rows, PROMPT + WIDTH), generator=g)
+    attention_mask = torch.zeros(rows, PROMPT + WIDTH, dtype=torch.long)
+    for i, n in enumerate(lengths.tolist()):
+        attention_mask[i, : PROMPT + n] = 1
+        sequences[i, PROMPT + n :] = VOCAB - 2
+    action_mask = torch.arange(WIDTH)[None, :] < lengths[:, None]
+    with torch.no_grad():
+        current = actor(sequences, action_mask, attention_mask)
+    noise = lambda scale: scale * torch.randn(rows, WIDTH, generator=g) * action_mask  # noqa: E731
+    advantages = (torch.randn(rows, 1, generator=g) + 0.2 * torch.randn(rows, WIDTH, generator=g)) * action_mask
+    info = {}
+    if pg is not None:
+        wide = torch.zeros(rows, WIDTH + 2, dtype=torch.bool)
+        if pg == "all":
+            wide[:, :WIDTH] = True
+        elif pg == "none":
+            pass  # no kept token at all (e.g. every advantage of the batch is 0)
+        else:
+            wide[:, :WIDTH] = (torch.rand(rows, WIDTH, generator=g) < 0.5) & action_mask
+            wide[1] = False  # a sequence with no kept token
+            wide[0, 0] = True
+        info[PG_MASK_KEY] = wide
+    return Experience(
+        sequences=sequences,
+        attention_mask=attention_mask,
+        action_mask=action_mask,
+        action_log_probs=current + noise(0.05),
+        base_action_log_probs=current + noise(0.1),
+        advantages=advantages,
+        response_length=lengths.float(),
+        total_length=(PROMPT + lengths).float(),
+        info=info,
+    )
+
+
+def record_head_inputs(actor):
+    """Shapes of the LM head's inputs, call by call."""
+    shapes = []
+    actor.model.get_output_embeddings().register_forward_hook(lambda m, args, out: shapes.append(tuple(args[0].shape)))
+    return shapes
+
+
+def naive_entropy(logits):
+    return -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
+
+
+def upstream_action_entropy(actor, e):
+    """The policy entropy at the action positions from upstream's full (B, S, V) temperature-scaled logits."""
+    with torch.no_grad():  # re-padded by upstream when packed
+        output = actor(e.sequences, None, e.attention_mask, return_output=True, allgather_logits=True)
+    logits = output["logits"].reshape(*e.sequences.shape, -1)  # packed: upstream re-pads to (B, S, 1, V)
+    return naive_entropy(logits[:, :-1][:, -e.action_mask.shape[1] :].float()) * e.action_mask
+
+
+def wide_vocabulary_batch(tmp_path, rows):
+    """A one-layer Llama with a 32,768-token vocabulary (its logits dwarf the rest) and a batch of ``rows`` full
+    sequences of 64 tokens, 56 of them actions: ``(actor, sequences, attention_mask, action_mask)``."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    vocab, length, width = 32768, 64, 56
+    config = LlamaConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(tmp_path)
+    actor = load_actor(str(tmp_path))
+    g = torch.Generator().manual_seed(0)
+    sequences = torch.randint(0, vocab, (rows, length), generator=g)
+    attention_mask = torch.ones(rows, length, dtype=torch.long)
+    action_mask = torch.ones(rows, width, dtype=torch.bool)
+    return actor, sequences, attention_mask, action_mask
