@@ -8,7 +8,7 @@ the bf16 logits, so its peak there is about 1.5x these logits).
 Experience-making forward (no grad), what a step with K < 1 computes:
 * ``upstream``:       OpenRLHF's ``Actor.forward`` (log-probs only: what upstream computes without D3S);
 * ``full_logits``:    upstream's forward plus the entropy of its logits (D3S with ``--d3s.full_logits``);
-* ``head_free``:      ``experience_forward.chunked_logits_log_probs`` (log-probs and entropy, chunked logits).
+* ``chunked_logits``: ``experience_forward.chunked_logits_log_probs`` (log-probs and entropy, chunked logits).
 
 Training step (forward and backward of a token-mean PG loss over the kept tokens; ``kl``: plus a k3 KL loss over
 every action token, as the paper-scale scripts' ``--algo.kl.use_loss``):
@@ -101,10 +101,10 @@ def experience_variants(actor, sequences, attention_mask, action_mask):
             _, output = actor(sequences, action_mask, attention_mask, return_output=True)
             entropy_from_logits(output["logits"][:, :-1][:, -action_mask.shape[1] :])
 
-    def head_free():
+    def chunked_logits():
         chunked_logits_log_probs(actor, sequences, action_mask, attention_mask, with_entropy=True)
 
-    return {"upstream": upstream, "full_logits": full_logits, "head_free": head_free}
+    return {"upstream": upstream, "full_logits": full_logits, "chunked_logits": chunked_logits}
 
 
 def training_variants(actor, sequences, attention_mask, action_mask, advantages, fractions):
@@ -145,6 +145,7 @@ def training_variants(actor, sequences, attention_mask, action_mask, advantages,
     for fraction in fractions:
         masks[fraction] = torch.zeros_like(action_mask)
         masks[fraction][0, scores[0].topk(max(1, math.ceil(fraction * width))).indices] = True
+
     def floor():  # what every variant holds alike: the body's activations and every weight's gradient
         actor.zero_grad(set_to_none=True)
         hidden, _ = final_hidden_states(actor, sequences, attention_mask)

@@ -65,7 +65,6 @@ import time
 from pathlib import Path
 
 from bench_selection import cpu_model
-
 from d3s_openrlhf.testbed import evaluate, pipeline
 from d3s_openrlhf.testbed.metrics import read_train_scalars
 
@@ -305,10 +304,14 @@ def task_overrides(options):
     regime never cycles."""
     if options.parts == ["screen"]:  # the quick chain keeps the task's SFT: a weak warm start solves no prompt, so
         # every pilot and group would be flat and the dropping arms would stop at their stall guard
-        return dict(n_prompts=4 * options.steps * options.prompts, n_heldout=16) if options.quick else dict(
-            n_prompts=FRESH_PROMPTS
+        return (
+            dict(n_prompts=4 * options.steps * options.prompts, n_heldout=16)
+            if options.quick
+            else dict(n_prompts=FRESH_PROMPTS)
         )
     return dict(n_sft=64, n_prompts=3 * options.prompts, n_heldout=16, sft_epochs=1) if options.quick else {}
+
+
 def prepare_task(options, task_config, workdir):
     """The SFT warm start, shared by every part run alone with the same task split; ``(prepared, SFT seconds or None
     when reused)``."""

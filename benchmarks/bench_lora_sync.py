@@ -79,6 +79,7 @@ def models():
         tie_word_embeddings=True,
     )
     many = LlamaForCausalLM(config).to(torch.bfloat16)
+
     def lora():  # PEFT resolves all-linear into the config it is given: one config per model
         return peft.LoraConfig(task_type=peft.TaskType.CAUSAL_LM, r=8, lora_alpha=16, target_modules="all-linear")
 

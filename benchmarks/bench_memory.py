@@ -63,7 +63,11 @@ def main() -> None:
         chunked = peak_allocated_bytes(lambda: chunked_logprobs_entropy(hidden, weight, targets, with_entropy=True))
         row["chunked_mib"] = chunked[1] / MIB
         rows.append(row)
-        print(" ".join(f"{key}={value:.1f}" if isinstance(value, float) else f"{key}={value}" for key, value in row.items()))
+        print(
+            " ".join(
+                f"{key}={value:.1f}" if isinstance(value, float) else f"{key}={value}" for key, value in row.items()
+            )
+        )
 
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     result = {

@@ -48,7 +48,12 @@ def ours(dtype, with_entropy):
     targets = torch.randint(0, VOCAB, (TOKENS - 1,), generator=generator)
     (log_probs, entropy), forward = block_passes(
         lambda: chunked_logprobs_entropy(
-            hidden, weight, targets, temperature=TEMPERATURE, chunk_size=TOKENS - 1, vocab_block=VOCAB,
+            hidden,
+            weight,
+            targets,
+            temperature=TEMPERATURE,
+            chunk_size=TOKENS - 1,
+            vocab_block=VOCAB,
             with_entropy=with_entropy,
         ),
         BLOCK,
@@ -60,8 +65,14 @@ def ours(dtype, with_entropy):
 
 def upstream(dtype, with_entropy):
     config = Qwen2Config(
-        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True, attn_implementation="eager",
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=2 * HIDDEN,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=True,
+        attn_implementation="eager",
     )
     torch.manual_seed(0)
     actor = Actor(Qwen2ForCausalLM(config).to(dtype), temperature=TEMPERATURE)

@@ -49,8 +49,16 @@ class FakeEngine:
         await asyncio.sleep(self.latency)
         rewards = [float(i % 2) if accept else 1.0 for i in range(n)]
         return [
-            dict(prompt=prompt, label=label, observation_tokens=[1, 2, 3, 4], action_ranges=[(2, 4)], reward=r,
-                 scores=r, rollout_log_probs=None, extra_logs={})
+            dict(
+                prompt=prompt,
+                label=label,
+                observation_tokens=[1, 2, 3, 4],
+                action_ranges=[(2, 4)],
+                reward=r,
+                scores=r,
+                rollout_log_probs=None,
+                extra_logs={},
+            )
             for r in rewards
         ]
 

@@ -190,9 +190,9 @@ def main() -> None:
         "",
         "## Threads and load",
         "",
-        "`select_rollouts(randn(1024, 64), 16 * 1024, scope=\"cross\")` against one `np.sort` of the same 65,536",
+        '`select_rollouts(randn(1024, 64), 16 * 1024, scope="cross")` against one `np.sort` of the same 65,536',
         "float32 values, timed alternately in this process (medians of "
-        f"{args.repeats}); \"other core busy\" = a busy-loop process running beside it. Target: at most 3x the sort",
+        f'{args.repeats}); "other core busy" = a busy-loop process running beside it. Target: at most 3x the sort',
         "at torch's default threads, idle and with the other core busy.",
         "",
         "| torch threads | load | select (ms) | np.sort (ms) | ratio |",

@@ -64,7 +64,11 @@ def study_section(results):
     path = results / "learning_study.json"
     heading = "## 2. Learning efficiency: the study"
     if not path.exists():
-        return [heading, "", "Not run yet: `.venv/bin/python benchmarks/bench_learning.py` (see its docstring)."], None, None
+        return (
+            [heading, "", "Not run yet: `.venv/bin/python benchmarks/bench_learning.py` (see its docstring)."],
+            None,
+            None,
+        )
     document, parts, found = read_study(path)
     plot_study(parts, results / "learning_study.png")
     lines = [heading, "", *study_body(document, parts, "results/learning_study.png", found, heading="###")]

@@ -114,7 +114,7 @@ def claims(parts, eval_every):
         speedup = _speedup(grpo["reach_peak"], method["reach_peak"])
         reward = _reward_speedup(grpo, method, "peak")
         verdict, qualifier = _speed_verdict(speedup, reward, PAPER_SPEEDUP["PODS"], drift)
-        label = f"PODS, \"reaches GRPO's peak at least {PAPER_SPEEDUP['PODS']}x sooner\""
+        label = f'PODS, "reaches GRPO\'s peak at least {PAPER_SPEEDUP["PODS"]}x sooner"'
         detail = (
             f"{qualifier}. GRPO (n = m = {grpo['group']}) peaks at "
             f"{pods['peak']:.3f} held-out greedy, reached first {_reach_text(grpo['reach_peak'])}; PODS (n = "
@@ -129,7 +129,7 @@ def claims(parts, eval_every):
     if pods and set(rules) <= set(pods["info"]):
         ms = [pods["info"][r] for r in rules]
         tests = [welch_t_test(a["mean_greedy"], b["mean_greedy"]) for a, b in zip(ms, ms[1:])]
-        label = "PODS's rule ablation, \"max-variance > random > max-reward\" (82.6 / 81.6 / 67.3 on GSM8K)"
+        label = 'PODS\'s rule ablation, "max-variance > random > max-reward" (82.6 / 81.6 / 67.3 on GSM8K)'
         detail = (
             ". Held-out greedy accuracy averaged over the run's evaluations (how fast and how "
             f"far it learns): {' / '.join(mean_std(m['mean_greedy']) for m in ms)}; final "
@@ -157,7 +157,7 @@ def claims(parts, eval_every):
             f"{mean_std(d3s['final_greedy'])} against GRPO's {mean_std(grpo['final_greedy'])} "
             f"(p = {p_text(d3s['test_vs_grpo'])})."
         )
-        found.append(Claim(f"D3S, \"{PAPER_SPEEDUP['D3S']}x faster than GRPO\"", verdict, detail))
+        found.append(Claim(f'D3S, "{PAPER_SPEEDUP["D3S"]}x faster than GRPO"', verdict, detail))
         share = d3s["tokens_total"] / grpo["tokens_total"]
         detail = (
             f". D3S trained on {100 * share:.1f}% of GRPO's policy-gradient tokens over the run "

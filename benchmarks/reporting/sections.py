@@ -102,8 +102,8 @@ def step_cost_section(cost):
         f"{base['response_length_mean']:.0f} tokens per step, reference model on (KL coefficient 0.001), learning "
         "rate 0 so that every step of every run samples from the same policy. D3S rows use cross-group selection "
         "at a constant (N, K). Times are medians over steps 2-5 (step 1 is warm-up); ratios to GRPO in "
-        "parentheses. \"Experience making\" is OpenRLHF's `timing/make_experience` (reward, selection, actor "
-        "log-prob + entropy and reference forwards); \"actor update\" is `timing/ppo_train` (forward, backward, "
+        'parentheses. "Experience making" is OpenRLHF\'s `timing/make_experience` (reward, selection, actor '
+        'log-prob + entropy and reference forwards); "actor update" is `timing/ppo_train` (forward, backward, '
         "optimizer steps).",
         "",
         *rows,
@@ -127,7 +127,9 @@ def step_cost_section(cost):
         ),
     ]
     if token_only is not None:
-        unchanged = all(abs(ratio(token_only, key) - 1) <= 0.1 for key in ("timing/make_experience", "timing/ppo_train"))
+        unchanged = all(
+            abs(ratio(token_only, key) - 1) <= 0.1 for key in ("timing/make_experience", "timing/ppo_train")
+        )
         lines.append(
             f"- Token selection alone (N = G, K = 0.2: {token_only['pg_tokens'] / base['pg_tokens']:.2f} of the "
             f"policy-gradient tokens) took {ratio(token_only, 'timing/make_experience'):.2f} (experience making) and "
@@ -176,8 +178,12 @@ def selection_section(selection, cost, parts):
         f"- Inside the pipeline, `d3s/select_time_s` (selection + token mask, as logged) was a median "
         f"{100 * statistics.median(step_cost_shares):.3f}% of a step in the step-cost runs "
         f"({cost['prompts_per_step'] * cost['group']} rollouts of {cost['max_new_tokens']} tokens)"
-        + ("." if not study_shares else f" and {100 * statistics.median(study_shares):.2f}% in the study's runs "
-           "(section 2: steps of about a second)."),
+        + (
+            "."
+            if not study_shares
+            else f" and {100 * statistics.median(study_shares):.2f}% in the study's runs "
+            "(section 2: steps of about a second)."
+        ),
     ]
     rollouts = big["prompts"] * big["group"]
     lines.append(
@@ -206,7 +212,13 @@ def memory_section(memory):
         "|---:|---:|---:|---:|---:|",
     ]
     for row in memory["rows"]:
-        cells = [row["tokens"], row["logits_fp32_mib"], row["upstream_mib"], row["upstream_tap_mib"], row["chunked_mib"]]
+        cells = [
+            row["tokens"],
+            row["logits_fp32_mib"],
+            row["upstream_mib"],
+            row["upstream_tap_mib"],
+            row["chunked_mib"],
+        ]
         lines.append("| " + " | ".join(f"{c:,.0f}" for c in cells) + " |")
     return lines
 
@@ -217,9 +229,8 @@ def _load_note(forward):
         return ""
     start, end = forward["load_average"]
     busy = max(start, end) > forward["cpu_count"]
-    return (
-        f"; 1-minute load average {start:.1f} at the start, {end:.1f} at the end on {forward['cpu_count']} cores"
-        + (": other jobs shared the CPU, so the times are only indicative (the peaks are exact)" if busy else "")
+    return f"; 1-minute load average {start:.1f} at the start, {end:.1f} at the end on {forward['cpu_count']} cores" + (
+        ": other jobs shared the CPU, so the times are only indicative (the peaks are exact)" if busy else ""
     )
 
 
@@ -233,15 +244,15 @@ def forward_section(forward):
         f"sequence of T tokens, A = T/2 action tokens. Peak extra memory (MiB, torch's CPU allocator events) and "
         f"wall time (best of {forward['repeats']}){_load_note(forward)}. "
         "Experience-making forward at a step with K < 1: upstream's log-prob forward; the same plus the entropy of "
-        "its logits (`--d3s.full_logits`); the head-free forward (log-probs and entropy from the hidden states, chunk "
-        "by chunk). Training step (forward and backward of the PG loss over the kept tokens; `kl`: plus a k3 KL loss "
-        "over every action token, the paper-scale scripts' `--algo.kl.use_loss`): upstream's forward over every "
+        "its logits (`--d3s.full_logits`); the chunked-logits forward (log-probs and entropy from the hidden states, "
+        "chunk by chunk). Training step (forward and backward of the PG loss over the kept tokens; `kl`: plus a k3 KL "
+        "loss over every action token, the paper-scale scripts' `--algo.kl.use_loss`): upstream's forward over every "
         "position, with its torch log-prob fallback (what runs on a CPU) and with the memory profile of flash-attn's "
         "Triton cross-entropy (its path on a GPU, the cheaper one), against ours: the log-probs from the hidden "
         "states at the ceil(K·A) kept tokens (`pg`), or at every action token (`kl`, and K = 1, what "
         "`--d3s.chunked_logits` runs).",
         "",
-        "| T | fp32 logits | experience: upstream | + entropy (full logits) | head-free | ratio to upstream |",
+        "| T | fp32 logits | experience: upstream | + entropy (full logits) | chunked logits | ratio to upstream |",
         "|---:|---:|---:|---:|---:|---:|",
     ]
     for row in forward["rows"]:
@@ -249,9 +260,10 @@ def forward_section(forward):
         lines.append(
             f"| {row['tokens']:,} | {row['logits_fp32_mib']:,.0f} | {exp['upstream']['peak_mib']:,.0f} MiB, "
             f"{exp['upstream']['seconds']:.2f} s | {exp['full_logits']['peak_mib']:,.0f} MiB, "
-            f"{exp['full_logits']['seconds']:.2f} s | {exp['head_free']['peak_mib']:,.0f} MiB, "
-            f"{exp['head_free']['seconds']:.2f} s | {exp['head_free']['peak_mib'] / exp['upstream']['peak_mib']:.2f}× "
-            f"memory, {exp['head_free']['seconds'] / exp['upstream']['seconds']:.2f}× time |"
+            f"{exp['full_logits']['seconds']:.2f} s | {exp['chunked_logits']['peak_mib']:,.0f} MiB, "
+            f"{exp['chunked_logits']['seconds']:.2f} s | "
+            f"{exp['chunked_logits']['peak_mib'] / exp['upstream']['peak_mib']:.2f}× memory, "
+            f"{exp['chunked_logits']['seconds'] / exp['upstream']['seconds']:.2f}× time |"
         )
     lines += [
         "",
@@ -289,9 +301,9 @@ def forward_section(forward):
         f"the gradient of the tied {vocab:,} × {hidden} embedding ({vocab * hidden * 4 / MIB:,.0f} MiB fp32), which "
         "dominates our peak at short T; the LM head's logits are what changes. The triton column is a memory "
         "profile, not a speed: its time here is the stand-in's. At K = 1 without `--d3s.chunked_logits` upstream's "
-        "forward runs unchanged. The head-free experience forward computes the entropy (the token scores read it); "
-        "the training steps here have no entropy bonus, so ours computes the log-probs alone. Passes over each block "
-        "of logits, ours against upstream's torch and Triton paths, and how they were counted: "
+        "forward runs unchanged. The chunked-logits experience forward computes the entropy (the token scores read "
+        "it); the training steps here have no entropy bonus, so ours computes the log-probs alone. Passes over each "
+        "block of logits, ours against upstream's torch and Triton paths, and how they were counted: "
         "[docs/semantics.md](../docs/semantics.md#only-what-is-read-is-computed-passes-over-each-block-of-logits).",
     ]
     return lines
@@ -373,7 +385,9 @@ def summary(cost, parts, found):
         others = [m for m in info if m != "GRPO"]
         lines.append(
             f"- Study, part `{part}` (section 2): final held-out greedy GRPO {np.mean(grpo['final_greedy']):.3f}, "
-            + ", ".join(f"{m} {np.mean(info[m]['final_greedy']):.3f} (p = {p_text(info[m]['test_vs_grpo'])})" for m in others)
+            + ", ".join(
+                f"{m} {np.mean(info[m]['final_greedy']):.3f} (p = {p_text(info[m]['test_vs_grpo'])})" for m in others
+            )
             + "; trained tokens against GRPO's: "
             + ", ".join(f"{m} {info[m]['tokens_total'] / grpo['tokens_total']:.2f}" for m in others)
             + "."

@@ -90,8 +90,15 @@ def study_body(document, parts, plot_path, found, heading="##"):
         f"{document['task']} --precision {document.get('precision', 'bf16')}` (methods and flags in its docstring) "
         f"· machine: {document['machine']} · {' to '.join(dict.fromkeys([dates[0], dates[-1]]))}.",
         "",
-        *(["A `--quick` smoke test: it checks that the chain runs; its numbers and verdicts say nothing of the "
-           "claims.", ""] if quick else []),
+        *(
+            [
+                "A `--quick` smoke test: it checks that the chain runs; its numbers and verdicts say nothing of the "
+                "claims.",
+                "",
+            ]
+            if quick
+            else []
+        ),
         f"Task `{document['task']}`; SFT warm start on {config['n_sft']} examples x {config['sft_epochs']} epochs "
         f"(held-out greedy {document['sft_heldout']['greedy']:.3f}, sampled {document['sft_heldout']['sampled']:.3f}"
         + ("" if document.get("sft_seconds") is None else f"; {document['sft_seconds'] / 60:.1f} min")
@@ -100,10 +107,10 @@ def study_body(document, parts, plot_path, found, heading="##"):
         "samples per prompt at T = 1). Every method shares every hyperparameter but its rollout counts and "
         "`--d3s.*` flags; none was tuned, and none on the held-out split.",
         "",
-        "Accuracies are mean ± standard deviation over seeds. \"Reaches GRPO\" is the first evaluation at which the "
+        'Accuracies are mean ± standard deviation over seeds. "Reaches GRPO" is the first evaluation at which the '
         "seed-mean held-out greedy accuracy is at least GRPO's final one (the part's dotted line), with the trained "
         "(policy-gradient) tokens and the summed step time (`timing/step_total`) up to that step, and the share of "
-        "that time spent generating. \"Mean greedy\": the held-out greedy accuracy averaged over the evaluations "
+        'that time spent generating. "Mean greedy": the held-out greedy accuracy averaged over the evaluations '
         "(how fast and how far a method learns). p: two-sided Welch t-test of the final greedy accuracy against "
         "GRPO's (3 seeds give the test little power: a large p is no evidence of equality).",
         "",
@@ -111,7 +118,8 @@ def study_body(document, parts, plot_path, found, heading="##"):
     for part, analysed in parts.items():
         target, info = analysed["target"], analysed["info"]
         lines += [
-            f"{heading} Part `{part}`" + ("" if target is None else f" (GRPO's final held-out greedy accuracy {target:.3f})"),
+            f"{heading} Part `{part}`"
+            + ("" if target is None else f" (GRPO's final held-out greedy accuracy {target:.3f})"),
             "",
             "| method | G | seeds | final greedy | final sampled | peak greedy | mean greedy | reaches GRPO at step "
             "| trained tokens | wall time (generation share) | p vs GRPO | zero-var groups, thirds | grad norm, thirds "

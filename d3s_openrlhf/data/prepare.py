@@ -190,7 +190,9 @@ DATASETS: Dict[str, DatasetSpec] = {
             "train",
             (_plain("reward_model.ground_truth"), _ANSWER),
         ),
-        DatasetSpec("math-lighteval", "DigitalLearningGmbH/MATH-lighteval", "default", "train", (_ANSWER, _boxed_solution)),
+        DatasetSpec(
+            "math-lighteval", "DigitalLearningGmbH/MATH-lighteval", "default", "train", (_ANSWER, _boxed_solution)
+        ),
         DatasetSpec("deepscaler", "agentica-org/DeepScaleR-Preview-Dataset", None, "train", (_ANSWER, _boxed_solution)),
         DatasetSpec("gsm8k", "openai/gsm8k", "main", "train", (_gsm8k_answer,)),
         DatasetSpec("aime24", "HuggingFaceH4/aime_2024", None, "train", (_ANSWER,), role="eval"),
@@ -384,7 +386,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _write_dataset(handle, spec: DatasetSpec, split: str, args: argparse.Namespace, seen: set) -> None:
-    rows = read_local(Path(args.input), args.split) if args.input else read_hub(spec, split, args.hub_id, args.hub_config)
+    rows = (
+        read_local(Path(args.input), args.split) if args.input else read_hub(spec, split, args.hub_id, args.hub_config)
+    )
     report = Report()
     for record in convert(
         rows,

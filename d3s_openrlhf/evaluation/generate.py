@@ -62,9 +62,7 @@ class Sampling:
         if greedy:
             return SamplingParams(n=1, temperature=0.0, **common)
         seed = self.seed + index * self.n
-        return SamplingParams(
-            n=self.n, temperature=self.temperature, top_p=self.top_p, top_k=-1, seed=seed, **common
-        )
+        return SamplingParams(n=self.n, temperature=self.temperature, top_p=self.top_p, top_k=-1, seed=seed, **common)
 
 
 def start_engines(model: str, num_engines: int, tensor_parallel_size: int, seed: int, max_model_len: int, eager):
@@ -137,7 +135,12 @@ def sample_lines(model: str, request: Request, sampled, greedy, rewards: List[fl
 
 
 def generate_and_score(
-    engines, requests: Sequence[Request], sampling: Sampling, reward_func, tokenizer, model: str,
+    engines,
+    requests: Sequence[Request],
+    sampling: Sampling,
+    reward_func,
+    tokenizer,
+    model: str,
     on_prompt: Callable[[List[dict]], None],
 ) -> None:
     """Generate every request's samples on ``engines``, score them, and hand each complete prompt's lines to

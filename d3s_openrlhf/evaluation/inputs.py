@@ -19,8 +19,18 @@ DEFAULT_DATASOURCE = "default"  # what OpenRLHF's PromptDataset calls a row with
 SETTINGS_FILE = "settings.json"
 # flags that decide the samples: a rerun into the same --out must repeat them (--k only changes the results)
 SAMPLE_FLAGS = (
-    "model", "data", "input_key", "label_key", "apply_chat_template", "n", "temperature", "top_p",
-    "max_new_tokens", "seed", "greedy", "reward",
+    "model",
+    "data",
+    "input_key",
+    "label_key",
+    "apply_chat_template",
+    "n",
+    "temperature",
+    "top_p",
+    "max_new_tokens",
+    "seed",
+    "greedy",
+    "reward",
 )
 
 
@@ -60,8 +70,7 @@ def read_rows(files: Sequence[str], input_key: str, label_key: str) -> List[Row]
                 for flag, key in (("--input_key", input_key), ("--label_key", label_key)):
                     if key not in data:
                         raise ValueError(
-                            f"--data {path} line {number}: no {key!r} key ({flag} {key}); the line has "
-                            f"{sorted(data)}"
+                            f"--data {path} line {number}: no {key!r} key ({flag} {key}); the line has {sorted(data)}"
                         )
                 datasource = str(data.get("datasource", DEFAULT_DATASOURCE))
                 rows.append(Row(len(rows), path, number, datasource, data, data[label_key]))

@@ -84,8 +84,13 @@ def evaluate(options, rows: Sequence[Row], reward_func, progress=True) -> Dict:
                     engines, group = start_engines(
                         model, options.num_engines, options.tensor_parallel_size, options.seed, max_model_len, eager
                     )
-                    bar = tqdm(total=len(rows), initial=len(rows) - len(pending), desc=model, unit="prompt",
-                               disable=not progress)
+                    bar = tqdm(
+                        total=len(rows),
+                        initial=len(rows) - len(pending),
+                        desc=model,
+                        unit="prompt",
+                        disable=not progress,
+                    )
 
                     def on_prompt(lines, model=model, bar=bar):
                         samples_module.append_prompt(samples_file, lines)

@@ -33,7 +33,7 @@ import ray
 import torch
 from openrlhf.utils.loss_utils import get_loss_batch_info
 
-from d3s_openrlhf.integration.experience_forward import EntropyTap, ChunkedLogitsForward
+from d3s_openrlhf.integration.experience_forward import ChunkedLogitsForward, EntropyTap
 from d3s_openrlhf.integration.host import (
     PG_MASK_KEY,
     chunked_logits_requested,
@@ -45,7 +45,6 @@ from d3s_openrlhf.integration.loss import PG_NORM_ATTR, D3SPolicyLoss, pg_mask_f
 from d3s_openrlhf.integration.replay_buffer import D3SReplayBuffer
 from d3s_openrlhf.integration.seams import swapped_globals
 from d3s_openrlhf.integration.training_forward import training_forward, training_forward_blocker
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # the trainer
@@ -206,7 +205,13 @@ class D3SReferenceModelActor(launcher.ReferenceModelActor.__ray_actor_class__):
         chunked_logits: bool = False,
     ):
         upstream = functools.partial(
-            super().forward, sequences, action_mask, attention_mask, return_output, packed_seq_lens, mm_train_inputs_list
+            super().forward,
+            sequences,
+            action_mask,
+            attention_mask,
+            return_output,
+            packed_seq_lens,
+            mm_train_inputs_list,
         )
         if not chunked_logits or return_output or _chunked_logits_blocker(self.strategy, self.model) is not None:
             return upstream()

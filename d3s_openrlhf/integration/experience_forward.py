@@ -82,7 +82,11 @@ class ChunkedLogitsForward:
         if ring_attn_group is not None or mm_inputs:
             raise ValueError("the chunked-logits forward supports neither ring attention nor multimodal inputs")
         log_probs, self.entropy = chunked_logits_log_probs(
-            self.model, sequences, action_mask, attention_mask, packed_seq_lens=packed_seq_lens,
+            self.model,
+            sequences,
+            action_mask,
+            attention_mask,
+            packed_seq_lens=packed_seq_lens,
             with_entropy=self.with_entropy,
         )
         return log_probs
@@ -112,9 +116,7 @@ class EntropyTap:
             if ring_group is not None:
                 ring_size = dist.get_world_size(group=ring_group)
                 pad_len = (ring_size - indices.numel() % ring_size) % ring_size
-            entropy = gather_and_pad_tensor(
-                entropy_from_logits(logits), ring_group, pad_len, indices, *sequences.shape
-            )
+            entropy = gather_and_pad_tensor(entropy_from_logits(logits), ring_group, pad_len, indices, *sequences.shape)
             entropy = entropy[:, :-1][:, -width:]
         else:
             # position t predicts token t + 1 (as in Actor.forward): logits[:, :-1], then the last A positions

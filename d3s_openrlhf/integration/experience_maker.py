@@ -51,6 +51,7 @@ from d3s_openrlhf.integration.host import PG_MASK_KEY, config_from_args, kept_co
 
 logger = init_logger(__name__)
 
+
 def _pad_columns(tensor: torch.Tensor, width: int) -> torch.Tensor:
     return F.pad(tensor, (0, width - tensor.shape[1]))
 

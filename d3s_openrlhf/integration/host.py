@@ -373,7 +373,7 @@ def loss_needs_every_token(args) -> Optional[str]:
 
 
 def deepcompile_blocker(args) -> Optional[str]:
-    """Why the head-free and kept-token forwards step aside for upstream's under ``--ds.deepcompile``, or None.
+    """Why the chunked-logits and kept-token forwards step aside for upstream's under ``--ds.deepcompile``, or None.
     They call the LM head outside the engine's forward, where ZeRO-3's module hooks gather its weight; DeepCompile
     replaces those hooks with its compiled graph, so the head would be called with its weight still partitioned."""
     if getattr(args.ds, "deepcompile", False):

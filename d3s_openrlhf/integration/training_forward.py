@@ -157,7 +157,12 @@ def head_log_probs(
 
     def chunked(states, ids):
         return chunked_logprobs_entropy(
-            states, head.weight, ids, bias=head.bias, temperature=temperature, chunk_size=chunk_size,
+            states,
+            head.weight,
+            ids,
+            bias=head.bias,
+            temperature=temperature,
+            chunk_size=chunk_size,
             with_entropy=with_entropy,
         )
 

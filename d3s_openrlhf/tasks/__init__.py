@@ -103,7 +103,9 @@ def score(task, response, answer):
     except (TypeError, ValueError):
         reward = math.nan
     if not math.isfinite(reward):
-        raise ValueError(f"{call} returned {value!r}; a reward must be a finite number (0.0 for an unscorable response)")
+        raise ValueError(
+            f"{call} returned {value!r}; a reward must be a finite number (0.0 for an unscorable response)"
+        )
     return reward
 
 

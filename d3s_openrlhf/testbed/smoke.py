@@ -149,9 +149,10 @@ def run_script(script, toy_files, outdir, nodes=1, gpus_per_node=1, timeout=600,
     with open(log_path, "a") as log:
         log.write(dry_run(script, env))
     start = time.time()
-    with open(log_path, "a") as log, Cluster(
-        nodes=nodes, gpus_per_node=gpus_per_node, log=log, checkout=checkout_of(script)
-    ) as cluster:
+    with (
+        open(log_path, "a") as log,
+        Cluster(nodes=nodes, gpus_per_node=gpus_per_node, log=log, checkout=checkout_of(script)) as cluster,
+    ):
         env["RAY_ADDRESS"] = cluster.dashboard_address
         command = ["bash", script, *extra_args(), *extra]
         log.write(f"$ {shlex.join(command)}\n")

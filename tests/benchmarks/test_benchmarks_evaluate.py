@@ -12,9 +12,16 @@ from reporting.sections import evaluate_section  # noqa: E402
 
 def document(bare, evaluator):
     return {
-        "date": "2026-11-25", "machine": "test CPU, 2 CPUs", "command": "bench --prompts 4", "prompts": 4, "n": 2,
-        "max_new_tokens": 8, "repeats": 1, "median_seconds": {"bare": bare, "evaluator": evaluator},
-        "tokens": {"bare": 40, "evaluator": 40}, "tokens_per_second": {"bare": 40 / bare, "evaluator": 40 / evaluator},
+        "date": "2026-11-25",
+        "machine": "test CPU, 2 CPUs",
+        "command": "bench --prompts 4",
+        "prompts": 4,
+        "n": 2,
+        "max_new_tokens": 8,
+        "repeats": 1,
+        "median_seconds": {"bare": bare, "evaluator": evaluator},
+        "tokens": {"bare": 40, "evaluator": 40},
+        "tokens_per_second": {"bare": 40 / bare, "evaluator": 40 / evaluator},
         "ratio": evaluator / bare,
     }
 

@@ -31,9 +31,10 @@ def test_the_triton_profile_gives_upstreams_log_probs_and_gradient(temperature):
     (grad,) = torch.autograd.grad(profiled.sum(), logits)
     (expected_grad,) = torch.autograd.grad(expected.sum(), logits)
     torch.testing.assert_close(grad, expected_grad)
-    assert "flash_attn.ops.triton.cross_entropy" not in sys.modules or sys.modules[
-        "flash_attn.ops.triton.cross_entropy"
-    ].__name__ == "flash_attn.ops.triton.cross_entropy"
+    assert (
+        "flash_attn.ops.triton.cross_entropy" not in sys.modules
+        or sys.modules["flash_attn.ops.triton.cross_entropy"].__name__ == "flash_attn.ops.triton.cross_entropy"
+    )
 
 
 def test_the_gpu_benchmark_runs_on_a_cpu_at_toy_sizes(tmp_path):

@@ -19,7 +19,7 @@ from d3s_openrlhf.cli import demo  # noqa: E402
 from reporting import claims, stats, study  # noqa: E402
 
 # 3-letter words over "abcd" reversed; small enough for a 1-epoch SFT and 1-2 RL steps
-TASK = '''
+TASK = """
 import itertools
 import random
 
@@ -35,7 +35,7 @@ def make_examples(split, n, seed):
 
 def reward(response, answer):
     return float(response == answer)
-'''
+"""
 
 
 @pytest.fixture
@@ -46,7 +46,9 @@ def task_file(tmp_path):
     return str(path)
 
 
-@pytest.mark.parametrize("a, b", [([1, 2, 3], [4, 5, 7]), ([0.4, 0.45, 0.5], [0.42, 0.6, 0.61, 0.7]), ([1, 2], [1.5, 9])])
+@pytest.mark.parametrize(
+    "a, b", [([1, 2, 3], [4, 5, 7]), ([0.4, 0.45, 0.5], [0.42, 0.6, 0.61, 0.7]), ([1, 2], [1.5, 9])]
+)
 def test_welch_t_test_matches_the_incomplete_beta_reference(a, b):
     import mpmath
     import numpy as np
@@ -195,15 +197,15 @@ def claim_lines(document):
 def test_claims_follow_from_the_numbers():
     lines = claim_lines(synthetic_study())
     expected = {
-        "PODS, \"reaches GRPO's peak at least 1.7x sooner\": **agrees**": "2.00x in wall time",
-        "rule ablation, \"max-variance > random > max-reward\"": "**agrees**",
-        "D3S, \"2.04x faster than GRPO\": **agrees**": "2.50x in wall time, 2.00x in steps",
+        'PODS, "reaches GRPO\'s peak at least 1.7x sooner": **agrees**': "2.00x in wall time",
+        'rule ablation, "max-variance > random > max-reward"': "**agrees**",
+        'D3S, "2.04x faster than GRPO": **agrees**': "2.50x in wall time, 2.00x in steps",
         "GRPO's final held-out greedy 0.610": "On the training reward (10-step mean, per step) GRPO reaches its final",
-        "D3S, \"under 20% of the tokens\": **agrees**": "10.0% of GRPO's policy-gradient tokens",
-        "D3S, \"a higher gradient norm\": **agrees**": "(2.98x",
-        "\"D1S and D2S overfit without the schedule\": **agrees**": "D1S 0.190 ± 0.010",
+        'D3S, "under 20% of the tokens": **agrees**': "10.0% of GRPO's policy-gradient tokens",
+        'D3S, "a higher gradient norm": **agrees**': "(2.98x",
+        '"D1S and D2S overfit without the schedule": **agrees**': "D1S 0.190 ± 0.010",
         # D3S is less steady than D3S-I, but D1S-Cross steadier than D1S: mixed
-        "less stable than intra-group\" (seen on unaligned Llama3.1-8B-Instruct): **not resolved": "D1S-Cross",
+        'less stable than intra-group" (seen on unaligned Llama3.1-8B-Instruct): **not resolved': "D1S-Cross",
     }
     assert len(lines) == 8  # the drift, then one line per claim
     assert "varied by up to 0%" in lines[0]  # every seed of a method has the same step time here
@@ -240,8 +242,11 @@ def test_results_page_has_the_study_as_section_2(tmp_path):
     text = (tmp_path / "RESULTS.md").read_text()
     assert "## 2. Learning efficiency: the study" in text and "### Part `pods`" in text
     assert "- Study, part `d3s` (section 2): final held-out greedy GRPO 0.610, D1S 0.510 (p = " in text
-    assert "D3S 0.640 (p = " in text and "trained tokens against GRPO's: D1S 1.00, D1S-Cross 1.00, D2S 1.00, D3S 0.10" in text
-    assert "claims at this scale (section 2): PODS, \"reaches GRPO's peak at least 1.7x sooner\": agrees;" in text
+    assert (
+        "D3S 0.640 (p = " in text
+        and "trained tokens against GRPO's: D1S 1.00, D1S-Cross 1.00, D2S 1.00, D3S 0.10" in text
+    )
+    assert 'claims at this scale (section 2): PODS, "reaches GRPO\'s peak at least 1.7x sooner": agrees;' in text
     # early learning: at step 2 the pods part's GRPO (0.40) is below PODS (0.62) and PODS-random (0.50) only
     assert "- Part `pods`, first evaluation (step 2): GRPO 0.400, PODS 0.620" in text and "(2 of 3 above GRPO)" in text
     assert (results / "learning_study.png").exists()

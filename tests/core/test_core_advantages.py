@@ -14,9 +14,7 @@ PROPERTY = settings(max_examples=200, deadline=None)
 def openrlhf_shaped_rewards(per_experience_rewards, per_experience_index, n_samples_per_prompt, estimator):
     """OpenRLHF 0.11.2 RemoteExperienceMaker.compute_advantages_and_returns, reward-shaping part, restated
     literally (experiences carry rewards and their rollout-batch positions in arbitrary order)."""
-    per_experience_rewards = [
-        r.to(torch.promote_types(r.dtype, torch.float32)) for r in per_experience_rewards
-    ]
+    per_experience_rewards = [r.to(torch.promote_types(r.dtype, torch.float32)) for r in per_experience_rewards]
     exp_len = [len(index) for index in per_experience_index]
     indices = torch.tensor(list(itertools.chain.from_iterable(per_experience_index)))
     raw_rewards = torch.cat(per_experience_rewards, dim=0)
@@ -156,7 +154,9 @@ def test_inputs_are_not_modified_and_low_precision_is_promoted():
 def test_non_contiguous_input_gives_the_contiguous_result():
     table = torch.randn(8, 5)
     transposed = table.t()
-    assert torch.equal(group_advantages(transposed, "group_norm"), group_advantages(transposed.contiguous(), "group_norm"))
+    assert torch.equal(
+        group_advantages(transposed, "group_norm"), group_advantages(transposed.contiguous(), "group_norm")
+    )
 
 
 @pytest.mark.parametrize(

@@ -44,8 +44,6 @@ SCRIPT = textwrap.dedent(
 
 
 def test_core_imports_with_heavy_packages_blocked():
-    result = subprocess.run(
-        [sys.executable, "-c", SCRIPT], cwd=REPO, capture_output=True, text=True, timeout=300
-    )
+    result = subprocess.run([sys.executable, "-c", SCRIPT], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "imported" in result.stdout

@@ -58,7 +58,13 @@ def test_matches_full_logits_values_and_gradients(
     hidden, weight, bias, targets = make(shape, 17, 53, dtype, with_bias, seed=1)
     leaves = [t.requires_grad_() for t in (hidden, weight, bias) if t is not None]
     log_probs, entropy = chunked_logprobs_entropy(
-        hidden, weight, targets, bias=bias, temperature=temperature, chunk_size=chunk_size, vocab_block=vocab_block,
+        hidden,
+        weight,
+        targets,
+        bias=bias,
+        temperature=temperature,
+        chunk_size=chunk_size,
+        vocab_block=vocab_block,
         with_entropy=with_entropy,
     )
     assert log_probs.dtype == torch.float32 and log_probs.shape == shape
@@ -96,8 +102,16 @@ def test_matches_full_logits_values_and_gradients(
 
 @settings(max_examples=60, deadline=None)
 @given(
-    st.integers(1, 3), st.integers(1, 9), st.integers(1, 12), st.integers(1, 40), st.integers(1, 10),
-    st.integers(1, 41), st.booleans(), st.floats(0.3, 2.0), st.integers(0, 2**31 - 1), st.booleans(),
+    st.integers(1, 3),
+    st.integers(1, 9),
+    st.integers(1, 12),
+    st.integers(1, 40),
+    st.integers(1, 10),
+    st.integers(1, 41),
+    st.booleans(),
+    st.floats(0.3, 2.0),
+    st.integers(0, 2**31 - 1),
+    st.booleans(),
 )
 # a gradient of 0.015 from terms of |w| / T ~ 17: rounding 1.6e-5
 @example(1, 7, 1, 16, 1, 16, False, 0.4375, 1449, True)
@@ -107,7 +121,13 @@ def test_chunking_never_changes_the_result(
     hidden, weight, bias, targets = make((batch, tokens), hidden_size, vocab, torch.float64, with_bias, seed)
     hidden.requires_grad_()
     log_probs, entropy = chunked_logprobs_entropy(
-        hidden, weight, targets, bias=bias, temperature=temperature, chunk_size=chunk, vocab_block=block,
+        hidden,
+        weight,
+        targets,
+        bias=bias,
+        temperature=temperature,
+        chunk_size=chunk,
+        vocab_block=block,
         with_entropy=with_entropy,
     )
     ref_log_probs, ref_entropy = naive(hidden, weight, targets, bias, temperature)
@@ -156,7 +176,13 @@ def test_the_entropy_is_computed_only_when_asked(dtype, temperature, with_bias, 
     with_entropy = loss_of != "log_probs"
     (log_probs, entropy), forward = block_passes(
         lambda: chunked_logprobs_entropy(
-            hidden, weight, targets, bias=bias, temperature=temperature, chunk_size=tokens, vocab_block=vocab,
+            hidden,
+            weight,
+            targets,
+            bias=bias,
+            temperature=temperature,
+            chunk_size=tokens,
+            vocab_block=vocab,
             with_entropy=with_entropy,
         ),
         tokens * vocab,
@@ -168,9 +194,11 @@ def test_the_entropy_is_computed_only_when_asked(dtype, temperature, with_bias, 
     expected_forward = (ENTROPY_PASSES if with_entropy else LOG_PROB_PASSES)["forward"] + (
         CAST_PASSES["forward"] if cast else Counter()
     )
-    expected_backward = (ENTROPY_PASSES if loss_of == "both" else LOG_PROB_PASSES)["backward"] + (
-        CAST_PASSES["backward"] if cast else Counter()
-    ) + (Counter(sum=1) if with_bias else Counter())
+    expected_backward = (
+        (ENTROPY_PASSES if loss_of == "both" else LOG_PROB_PASSES)["backward"]
+        + (CAST_PASSES["backward"] if cast else Counter())
+        + (Counter(sum=1) if with_bias else Counter())
+    )
     if with_bias:  # the head matmul adds it (one addmm in place of one mm, forward and backward)
         for expected in (expected_forward, expected_backward):
             expected.subtract(mm=1)

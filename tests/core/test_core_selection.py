@@ -218,11 +218,19 @@ def test_random_is_uniform_over_subsets_intra():
 TIE_CASES = {
     # values, keep, scope, rule, every optimal subset (each must be equally likely)
     "max_reward: two of four tied maxima": (
-        [[0.0, 1.0, 1.0, 1.0, 1.0]], 2, "intra", "max_reward", set(itertools.combinations(range(1, 5), 2))
+        [[0.0, 1.0, 1.0, 1.0, 1.0]],
+        2,
+        "intra",
+        "max_reward",
+        set(itertools.combinations(range(1, 5), 2)),
     ),
     "max_reward: -0.0 ties +0.0": ([[-0.0, 0.0, -0.0]], 1, "cross", "max_reward", {(0,), (1,), (2,)}),
     "max_var: one success and one failure": (
-        [[1.0, 1.0, 1.0, 0.0, 0.0, 0.0]], 2, "intra", "max_var", {(a, b) for a in range(3) for b in range(3, 6)}
+        [[1.0, 1.0, 1.0, 0.0, 0.0, 0.0]],
+        2,
+        "intra",
+        "max_var",
+        {(a, b) for a in range(3) for b in range(3, 6)},
     ),
     "max_var: 1-1-0 and 1-0-0 are equally good": (
         [[1.0, 1.0, 1.0, 0.0, 0.0, 0.0]],
@@ -232,7 +240,11 @@ TIE_CASES = {
         {c for c in itertools.combinations(range(6), 3) if 0 < sum(i < 3 for i in c) < 3},
     ),
     "max_var: prompts break their ties independently": (
-        [[5.0] * 4, [5.0] * 4], 1, "intra", "max_var", {(a, b) for a in range(4) for b in range(4, 8)}
+        [[5.0] * 4, [5.0] * 4],
+        1,
+        "intra",
+        "max_var",
+        {(a, b) for a in range(4) for b in range(4, 8)},
     ),
     "max_var: all equal": ([[2.0, 2.0, 2.0, 2.0]], 2, "intra", "max_var", set(itertools.combinations(range(4), 2))),
     "max_var: equal advantages across prompts": (
@@ -396,7 +408,10 @@ def test_same_generator_state_gives_the_same_selection_on_every_device(device, g
             values, keep, scope=scope, rule=rule, generator=torch.Generator(generator_device).manual_seed(seed)
         )
         got = select_rollouts(
-            values.to(device), keep, scope=scope, rule=rule,
+            values.to(device),
+            keep,
+            scope=scope,
+            rule=rule,
             generator=torch.Generator(generator_device).manual_seed(seed),
         )
         assert got.device == torch.device(device) if device == "cpu" else got.device.type == device
@@ -487,4 +502,3 @@ def test_thread_setting_is_restored_and_does_not_change_the_selection():
         assert torch.equal(results[0], results[1])
     finally:
         torch.set_num_threads(before)
-

@@ -108,8 +108,9 @@ def test_float_artifacts_do_not_add_a_token():
     mask = torch.ones(1, 100, dtype=torch.bool)
     keep = token_keep_mask(torch.ones(1, 100), torch.rand(1, 100) + 0.1, mask, 0.07)
     assert int(keep.sum()) == 7
-    keep = token_keep_mask(torch.ones(10, 10), torch.rand(10, 10) + 0.1, torch.ones(10, 10, dtype=torch.bool), 0.7,
-                           scope="sequence")
+    keep = token_keep_mask(
+        torch.ones(10, 10), torch.rand(10, 10) + 0.1, torch.ones(10, 10, dtype=torch.bool), 0.7, scope="sequence"
+    )
     assert keep.sum(1).tolist() == [7] * 10
 
 

@@ -43,9 +43,7 @@ def probe(model, fp32):
     env = {key: value for key, value in os.environ.items() if key != precision.FP32_ENV}
     if fp32 is not None:
         env[precision.FP32_ENV] = fp32
-    result = subprocess.run(
-        [sys.executable, "-c", PROBE, model], env=env, capture_output=True, text=True, timeout=300
-    )
+    result = subprocess.run([sys.executable, "-c", PROBE, model], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 

@@ -28,7 +28,7 @@ SCREEN = ["--d3s.pilot_rollouts", str(PILOT)]
 SKIP = ["--d3s.prompt_skip", "history"]
 TOY_AGENT = str(Path(pipeline.__file__).with_name("toy_agent.py"))
 
-REWARD = '''
+REWARD = """
 import re, torch
 
 def reward_func(queries, prompts, labels, **kwargs):
@@ -42,7 +42,7 @@ def reward_func(queries, prompts, labels, **kwargs):
             log.write(f"{{int(easy)}} {{prompt}}\\n")
     rewards = torch.tensor(rewards)
     return {{"rewards": rewards, "scores": rewards, "extra_logs": {{}}}}
-'''
+"""
 
 
 def grpo(steps=STEPS):

@@ -37,7 +37,7 @@ def test_packing_cross_scope(toy_sft, run_pipeline, assert_clean_run, tmp_path):
 # Loaded by every Python process of the run (Ray workers inherit PYTHONPATH): records, for each training
 # micro-batch of the D3S actor under dynamic batching, its kept tokens and sequences, whether it closes an
 # optimizer step, and the kept-token normalisers the loss was given.
-NORM_PROBE = '''
+NORM_PROBE = """
 import json, os
 
 
@@ -71,7 +71,7 @@ if os.environ.get("D3S_E2E_NORM_PROBE"):
     from d3s_openrlhf.cpu.patches import when_imported
 
     when_imported("d3s_openrlhf.integration.actor", _probe)
-'''
+"""
 
 
 def probe_env(tmp_path):

@@ -11,7 +11,7 @@ from d3s_openrlhf.testbed import toy
 
 # correct iff the response (up to the EOS token) has an even number of characters: a mix of 0 and 1 from an
 # untrained model. EVAL_TEST_FAIL_AT=m raises at the m-th call; EVAL_TEST_NAN_LABEL=l returns NaN for label l.
-REWARD = '''
+REWARD = """
 import os
 
 calls = 0
@@ -28,7 +28,7 @@ def reward_func(queries, prompts, labels):
         nan = label == os.environ.get("EVAL_TEST_NAN_LABEL")
         rewards.append(float("nan") if nan else float(len(response) % 2 == 0))
     return {"rewards": rewards}
-'''
+"""
 
 
 @pytest.fixture(scope="session")

@@ -15,9 +15,19 @@ from d3s_openrlhf.evaluation.inputs import Row
 
 
 def line(model, index, source, sample, reward, greedy=False, finish="stop", tokens=3):
-    return {"model": model, "index": index, "datasource": source, "prompt": f"p{index}", "label": "l",
-            "sample": sample, "greedy": greedy, "response": "r", "response_tokens": tokens, "reward": reward,
-            "finish_reason": finish}
+    return {
+        "model": model,
+        "index": index,
+        "datasource": source,
+        "prompt": f"p{index}",
+        "label": "l",
+        "sample": sample,
+        "greedy": greedy,
+        "response": "r",
+        "response_tokens": tokens,
+        "reward": reward,
+        "finish_reason": finish,
+    }
 
 
 def brute_force(rewards, k):
@@ -53,12 +63,21 @@ def test_model_block_against_brute_force(prompts):
 
 
 def test_greedy_truncation_and_lengths_are_reported_apart():
-    lines = [line("m", 0, "a", s, 1.0 if s == 0 else 0.0, finish="length" if s == 1 else "stop", tokens=s + 1)
-             for s in range(2)]
+    lines = [
+        line("m", 0, "a", s, 1.0 if s == 0 else 0.0, finish="length" if s == 1 else "stop", tokens=s + 1)
+        for s in range(2)
+    ]
     lines.append(line("m", 0, "a", 2, 1.0, greedy=True, finish="length", tokens=9))
     block = results.model_block(lines, [1], ["a"])["benchmarks"]["a"]
-    assert block == {"prompts": 1, "n": 2, "pass@1": 0.5, "mean_reward": 0.5, "truncated": 0.5,
-                     "mean_response_tokens": 1.5, "greedy": 1.0}
+    assert block == {
+        "prompts": 1,
+        "n": 2,
+        "pass@1": 0.5,
+        "mean_reward": 0.5,
+        "truncated": 0.5,
+        "mean_response_tokens": 1.5,
+        "greedy": 1.0,
+    }
 
 
 def test_table_and_documents(tmp_path):

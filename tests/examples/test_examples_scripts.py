@@ -295,7 +295,9 @@ def test_host_flags_parse_with_upstreams_parser():
 
 
 def _dry_run(script, *extra, **env):
-    return run_script(script, *extra, "--d3s.dry_run", D3S_LAUNCH=f"{sys.executable} -m d3s_openrlhf.cli.train_ppo_ray", **env)
+    return run_script(
+        script, *extra, "--d3s.dry_run", D3S_LAUNCH=f"{sys.executable} -m d3s_openrlhf.cli.train_ppo_ray", **env
+    )
 
 
 @pytest.mark.parametrize("script", ALL_SCRIPTS, ids=SCRIPT_IDS)

@@ -119,9 +119,14 @@ def wide_vocabulary_batch(tmp_path, rows):
 
     vocab, length, width = 32768, 64, 56
     config = LlamaConfig(
-        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=2, max_position_embeddings=64,
-    )  # fmt: skip
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     LlamaForCausalLM(config).save_pretrained(tmp_path)
     actor = load_actor(str(tmp_path))
     g = torch.Generator().manual_seed(0)

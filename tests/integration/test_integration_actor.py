@@ -233,9 +233,7 @@ def test_a_window_without_kept_tokens_trains_only_the_regularisers(model_dir, cp
     upstream's KL and entropy terms alone."""
     kl_ctl, entropy_coef = 0.3, 0.01
     loss = dict(actor__policy_loss_type="gspo") if agg == "gspo" else dict(actor__loss_agg_mode=agg)
-    args = make_args(
-        **loss, actor__entropy_coef=entropy_coef, algo__kl__use_loss=True, algo__kl__init_coef=0.01
-    )
+    args = make_args(**loss, actor__entropy_coef=entropy_coef, algo__kl__use_loss=True, algo__kl__init_coef=0.01)
     actor, reference_actor = load_actor(model_dir), load_actor(model_dir)
     trainer = make_trainer(D3SActorPPOTrainer, actor, MiniStrategy(args, gas=2), cpu_cuda)
     e = make_experience(actor, seed=30, pg="none")  # 4 samples: one window of two micro-batches
@@ -402,9 +400,15 @@ def test_training_forward_validates_its_masks(model_dir, cpu_cuda):
         training_forward(actor, e.sequences, e.action_mask, e.attention_mask, log_prob_mask=kept)
     with pytest.raises(ValueError, match="entropy"):
         training_forward(
-            actor, e.sequences, e.action_mask, e.attention_mask, log_prob_mask=kept,
-            fill_log_probs=e.action_log_probs, return_output=True, return_entropy=True,
-        )  # fmt: skip
+            actor,
+            e.sequences,
+            e.action_mask,
+            e.attention_mask,
+            log_prob_mask=kept,
+            fill_log_probs=e.action_log_probs,
+            return_output=True,
+            return_entropy=True,
+        )
     log_probs, output = training_forward(
         actor, e.sequences, e.action_mask, e.attention_mask, return_output=True, return_entropy=True
     )
@@ -474,9 +478,14 @@ def test_a_deepspeed_engine_starts_the_backward_once(stage, moe, process_group, 
     # ZeRO-3 replaces torch.nn.functional.linear for the whole process ("This will persist unless manually reset")
     monkeypatch.setattr(torch.nn.functional, "linear", torch.nn.functional.linear)
     sizes = dict(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=2, max_position_embeddings=64,
-    )  # fmt: skip
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(0)
     if moe:
         model = MixtralForCausalLM(MixtralConfig(**sizes, num_local_experts=2, num_experts_per_tok=1))
@@ -487,7 +496,9 @@ def test_a_deepspeed_engine_starts_the_backward_once(stage, moe, process_group, 
     actor.packing_samples = False
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     config = {
-        "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2, "zero_optimization": {"stage": stage}
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 2,
+        "zero_optimization": {"stage": stage},
     }
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
     actor.model = engine
@@ -595,9 +606,7 @@ def dynamic_setup(model_dir, cpu_cuda, cls, dp=1, train_batch_size=4):
 
     # 2 prompts x 4 samples = 8 per rollout step; with train batch 4: 2 dynamic steps; max 16 tokens per
     # micro-batch (several micro-batches per step)
-    args = make_args(
-        train__dynamic_batch_enable=True, train__max_tokens_per_gpu=16, train__batch_size=train_batch_size
-    )
+    args = make_args(train__dynamic_batch_enable=True, train__max_tokens_per_gpu=16, train__batch_size=train_batch_size)
     mesh = init_device_mesh("cpu", (dp,), mesh_dim_names=("dp",))
     actor = load_actor(model_dir)
     return actor, make_trainer(cls, actor, MiniStrategy(args, device_mesh=mesh), cpu_cuda)

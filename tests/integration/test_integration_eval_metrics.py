@@ -33,8 +33,9 @@ def brute_force(rewards, k):
 
 def samples_and_loader():
     samples = [
-        SimpleNamespace(prompts=[prompt], rewards=torch.tensor([r]), response_length=torch.tensor(3.0),
-                        truncated=torch.tensor(0.0))
+        SimpleNamespace(
+            prompts=[prompt], rewards=torch.tensor([r]), response_length=torch.tensor(3.0), truncated=torch.tensor(0.0)
+        )
         for _, prompt, rewards in GROUPS
         for r in rewards
     ]

@@ -285,9 +285,7 @@ def hand_token_advantages(estimator, rewards, kept, mode, experiences):
             expected[rollout_id] = scalar * (torch.arange(experience.action_mask.shape[1]) <= last).double()
     if estimator == "reinforce_baseline":  # whitening over every response token of the trained rollouts
         masks = torch.cat([e.action_mask.flatten() for e in experiences]).double()
-        values = torch.cat(
-            [torch.stack([expected[i] for i in ids_of(e)]).flatten() for e in experiences]
-        )
+        values = torch.cat([torch.stack([expected[i] for i in ids_of(e)]).flatten() for e in experiences])
         mean = (values * masks).sum() / masks.sum()
         std = (((values - mean) ** 2 * masks).sum() / masks.sum()).sqrt()
         expected = {i: (v - mean) / std for i, v in expected.items()}

@@ -47,7 +47,11 @@ def tiny_llama(seed=0, dtype=torch.float32, tied=True):
 
 def with_lora(model, target_modules="all-linear", dropout=0.3, use_dora=False):
     config = peft.LoraConfig(
-        task_type=peft.TaskType.CAUSAL_LM, r=4, lora_alpha=16, target_modules=target_modules, lora_dropout=dropout,
+        task_type=peft.TaskType.CAUSAL_LM,
+        r=4,
+        lora_alpha=16,
+        target_modules=target_modules,
+        lora_dropout=dropout,
         use_dora=use_dora,
     )
     model = peft.get_peft_model(model, config)

@@ -17,13 +17,13 @@ from openrlhf.utils.loss_utils import (
     iter_grad_accum_global_norm,
 )
 
+from d3s_openrlhf.integration.host import PG_MASK_KEY
 from d3s_openrlhf.integration.loss import (
     D3SPolicyLoss,
     experience_pg_mask,
     pg_mask_from_rows,
     with_pg_window_norms,
 )
-from d3s_openrlhf.integration.host import PG_MASK_KEY
 
 LOSS_CONFIGS = {
     "ppo-token": dict(policy_loss_type="ppo", token_level_loss=True),
@@ -256,9 +256,7 @@ def test_two_rank_split_with_gradient_accumulation_matches_one_rank(name, window
         window = rows_of(batch, slice(8 * w, 8 * w + 8))
         # one rank, one micro-batch
         theta = theta0.clone().requires_grad_(True)
-        one = pg_loss_of(
-            loss_fn, window, theta, 1, window_norms([window.pg]), window_norms([window.action_mask])
-        )
+        one = pg_loss_of(loss_fn, window, theta, 1, window_norms([window.pg]), window_norms([window.action_mask]))
         one.backward()
         expected = theta.grad
         # two ranks, gas micro-batches each

@@ -117,8 +117,14 @@ def _pickled_by_reference(cls):
 @pytest.mark.parametrize(
     "actor_class",
     [
-        D3SPolicyModelActor, D3SPPOTrainer, D3SPPOTrainerAsync, D3STrainingActor, D3SGenerateSamplesActor,
-        PassAtKPPOTrainer, PassAtKPPOTrainerAsync, PassAtKGenerateSamplesActor,
+        D3SPolicyModelActor,
+        D3SPPOTrainer,
+        D3SPPOTrainerAsync,
+        D3STrainingActor,
+        D3SGenerateSamplesActor,
+        PassAtKPPOTrainer,
+        PassAtKPPOTrainerAsync,
+        PassAtKGenerateSamplesActor,
     ],
 )
 def test_no_inherited_method_binds_super_to_a_shipped_copy(actor_class):

@@ -163,7 +163,9 @@ def test_garbage_never_raises_and_scores_zero(response):
 
 
 def test_malformed_rows_score_zero():
-    out = reward_func([None, query("\\boxed{1}"), query("\\boxed{1}"), 17], [PROMPT, PROMPT, 3.5, None], ["1", None, "1", "1"])
+    out = reward_func(
+        [None, query("\\boxed{1}"), query("\\boxed{1}"), 17], [PROMPT, PROMPT, 3.5, None], ["1", None, "1", "1"]
+    )
     assert out["rewards"].tolist() == [0.0, 0.0, 1.0, 0.0]
 
 

@@ -15,7 +15,7 @@ from d3s_openrlhf import tasks
 from d3s_openrlhf.tasks import addition
 from d3s_openrlhf.testbed import pipeline, toy
 
-REVERSE_TASK = '''
+REVERSE_TASK = """
 import random
 
 def make_examples(split, n, seed):
@@ -27,7 +27,7 @@ def make_examples(split, n, seed):
 
 def reward(response, answer):
     return float(response == answer)
-'''
+"""
 
 
 def write_module(directory, name="reverse_task", source=REVERSE_TASK):
@@ -46,7 +46,9 @@ def test_files_of_the_same_name_in_two_directories_are_two_tasks(tmp_path):
     for directory in ("a", "b"):
         (tmp_path / directory).mkdir()
     first = tasks.load_task(str(write_module(tmp_path / "a", "task")))
-    second = tasks.load_task(str(write_module(tmp_path / "b", "task", REVERSE_TASK.replace("response == answer", "True"))))
+    second = tasks.load_task(
+        str(write_module(tmp_path / "b", "task", REVERSE_TASK.replace("response == answer", "True")))
+    )
     assert first.reward("x", "y") == 0.0 and second.reward("x", "y") == 1.0
     assert tasks.load_task(str(tmp_path / "a" / "task.py")) is first
 
@@ -74,7 +76,10 @@ def test_bad_modules_are_named(tmp_path):
         (("return float(response == answer)", "return float('nan')"), r"reward\('([a-d]{3})', '\1'\) returned nan"),
         (("return float(response == answer)", "return 'yes'"), r"reward\('([a-d]{3})', '\1'\) returned 'yes'"),
         # the policy can end its response at once: a reward that fails on "" would stop the run mid-training
-        (("return float(response == answer)", "return float(response[-1] == answer[-1])"), r"reward\('', '[a-d]{3}'\) raised IndexError"),
+        (
+            ("return float(response == answer)", "return float(response[-1] == answer[-1])"),
+            r"reward\('', '[a-d]{3}'\) raised IndexError",
+        ),
     ],
 )
 def test_bad_examples_and_rewards_are_refused_before_training(tmp_path, edit, message):
@@ -158,7 +163,9 @@ def test_reward_file_loads_in_a_fresh_interpreter(tmp_path, by, monkeypatch):
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(tasks.__file__))))
-    result = subprocess.run([sys.executable, "-c", probe], env=env, cwd=str(tmp_path.parent), capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-c", probe], env=env, cwd=str(tmp_path.parent), capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.strip().splitlines()[-1]) == [1.0, 0.0, 1.0]
 
