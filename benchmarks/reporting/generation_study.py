@@ -62,22 +62,46 @@ def _ratios(arm, grpo, target):
 
 
 def _take(arm, seeds):
-    return dict(curves=arm["curves"][seeds], eval_step=arm["eval_step"], costs=[arm["costs"][i] for i in seeds])
+    costs = [arm["costs"][i] for i in seeds]
+    return dict(curves=arm["curves"][seeds], eval_step=arm["eval_step"], costs=costs, final=arm["final"][seeds])
 
 
-def bootstrap(arm, grpo, rng, resamples=RESAMPLES):
+def final_target(grpo):
+    """GRPO's final held-out greedy accuracy, the seed mean (the issue's target)."""
+    return float(grpo["final"].mean())
+
+
+def peak_target(grpo):
+    """The peak of GRPO's seed-mean held-out greedy curve after the warm start: the target where GRPO's final
+    accuracy is below its best (it degraded late)."""
+    return float(grpo["curves"][:, 1:].mean(axis=0).max())
+
+
+TARGETS = {"final": final_target, "peak": peak_target}
+
+
+def bootstrap(arm, grpo, rng, target_of=final_target, resamples=RESAMPLES):
     """95% percentile intervals of the cost ratios, resampling the arm's and GRPO's seeds independently (GRPO's
-    target, its final seed-mean accuracy, moves with its resample). A resample that never reaches it counts as
-    inf."""
+    target moves with its resample). A resample that never reaches it counts as inf."""
     draws = {key: [] for key in COSTS}
     n_arm, n_grpo = len(arm["costs"]), len(grpo["costs"])
     for _ in range(resamples):
         arm_seeds, grpo_seeds = rng.integers(0, n_arm, n_arm), rng.integers(0, n_grpo, n_grpo)
-        target = float(grpo["final"][grpo_seeds].mean())
-        _, ratios = _ratios(_take(arm, arm_seeds), _take(grpo, grpo_seeds), target)
+        grpo_sample = _take(grpo, grpo_seeds)
+        _, ratios = _ratios(_take(arm, arm_seeds), grpo_sample, target_of(grpo_sample))
         for key in COSTS:
             draws[key].append(ratios[key])
-    return {key: tuple(float(v) for v in np.nanpercentile(draws[key], [2.5, 97.5])) for key in COSTS}
+    return {key: _interval(draws[key]) for key in COSTS}
+
+
+def _interval(draws):
+    """The 2.5 and 97.5 percentiles of the finite-or-inf draws; nan where GRPO's own cost to the target was 0 (the
+    warm start already had it) in every resample."""
+    draws = np.asarray(draws, dtype=float)
+    draws = draws[~np.isnan(draws)]
+    if not len(draws):
+        return float("nan"), float("nan")
+    return tuple(float(v) for v in np.percentile(draws, [2.5, 97.5]))
 
 
 def _counts(runs, key):
@@ -119,14 +143,23 @@ def regime_analysis(document, regime):
     grpo = arrays["GRPO"]
     budget = info["GRPO"]["totals"]["wall"]
     for method, m in info.items():
-        m["reach_step"], m["ratios"] = _ratios(arrays[method], grpo, target)
-        m["intervals"] = bootstrap(arrays[method], grpo, rng)
+        m["reach"] = {}
+        for name, target_of in TARGETS.items():
+            step, ratios = _ratios(arrays[method], grpo, target_of(grpo))
+            intervals = bootstrap(arrays[method], grpo, rng, target_of)
+            m["reach"][name] = dict(step=step, ratios=ratios, intervals=intervals)
+        m["reach_step"], m["ratios"], m["intervals"] = (
+            m["reach"]["final"][key] for key in ("step", "ratios", "intervals")
+        )
         walls = [_cost_at(arrays[method]["costs"], int(step), "wall") for step in m["eval_step"]]
         m["at_grpo_wall"] = float(m["curve"][max(i for i, wall in enumerate(walls) if wall <= budget + 1e-9)])
+    info["GRPO"]["peak_target"] = peak_target(grpo)
     return target, info
 
 
 def _ratio_text(ratio, interval):
+    if np.isnan(ratio):
+        return "- (the warm start had it)"
     if not np.isfinite(ratio):
         return "never"
     high = "never" if not np.isfinite(interval[1]) else f"{interval[1]:.2f}"
@@ -191,6 +224,19 @@ def regime_lines(document, regime, heading):
         )
     lines += [
         "",
+        f"To the peak of GRPO's seed-mean curve ({grpo['peak_target']:.3f}), the target that still means something "
+        "where GRPO's final accuracy fell below its best:",
+        "",
+        "| method | reached at step | generated tokens | generation time | wall time |",
+        "|---|---|---|---|---|",
+    ]
+    for method, m in info.items():
+        peak = m["reach"]["peak"]
+        reach = "never" if peak["step"] is None else str(peak["step"])
+        ratios = [_ratio_text(peak["ratios"][key], peak["intervals"][key]) for key in COSTS]
+        lines.append(f"| {method} | {reach} | {' | '.join(ratios)} |")
+    lines += [
+        "",
         "Over the whole run (seed means; pilots, screened and skipped prompts per step; the false rejects are "
         "screened-out prompts whose audited full group had variance):",
         "",
@@ -209,6 +255,8 @@ def regime_lines(document, regime, heading):
             f"{per_step['screened_prompts']:.1f} | {per_step['skipped_prompts']:.1f} | {acceptance} | {rejects} | "
             f"{m['passes']:.0f} | {zero} |"
         )
+    if GOAL_ARM not in info:  # a study still running
+        return lines
     return lines + ["", verdict(info, regime, document.get("pilot", "k"))]
 
 

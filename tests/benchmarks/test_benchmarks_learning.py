@@ -364,6 +364,8 @@ def test_the_generation_study_section_and_its_verdict(tmp_path):
     assert goal["at_grpo_wall"] == pytest.approx(0.67)  # it ended (1.6 s) before GRPO's 4 s: its final evaluation
     assert info["GRPO+DF"]["at_grpo_wall"] == pytest.approx(0.46)  # 2.6 s to step 2, 5.2 s to step 4 > 4 s
     assert info["GRPO"]["ratios"]["wall"] == pytest.approx(1.0) and info["GRPO"]["acceptance"] is None
+    assert info["GRPO"]["peak_target"] == pytest.approx(0.61) and goal["reach"]["peak"]["step"] == 2
+    assert "To the peak of GRPO's seed-mean curve (0.610)" in text
     low, high = goal["intervals"]["wall"]
     assert low - 1e-9 <= 0.2 <= high + 1e-9  # the point ratio lies in its bootstrap interval
     slow = synthetic_generation_study([0.62, 0.66], goal_time=2.0)
