@@ -973,7 +973,7 @@ def test_head_free_log_probs_equal_upstreams_forward(model_dir, cpu_cuda, packin
 @pytest.mark.parametrize(
     "source, message",
     [
-        ("body", "the final hidden states are non-finite at 12 of them: the model's own forward"),
+        ("body", "the final hidden states are non-finite at {count} of them: the model's own forward"),
         ("head", "the LM head's parameters hold 1 non-finite values"),
         ("kernel", "their hidden states and the LM head are finite: the chunked kernel (core.logprobs)"),
     ],
@@ -1004,8 +1004,9 @@ def test_a_non_finite_log_prob_is_refused_naming_where_it_comes_from(
 
     if source == "kernel":
         monkeypatch.setattr(training_forward, "chunked_logprobs_entropy", kernel_with_a_nan)
-    count = int(e.action_mask.sum()) if source != "kernel" else 1
-    expected = f"non-finite log-probs or entropy at {count} of {int(e.action_mask.sum())} action tokens; {message}"
+    count = 1 if source == "kernel" else int(e.action_mask.sum())  # one NaN made by the kernel, else every token
+    total = int(e.action_mask.sum())
+    expected = f"non-finite log-probs or entropy at {count} of {total} action tokens; {message.format(count=count)}"
     with pytest.raises(FloatingPointError, match=re.escape(expected)):
         head_free_log_probs(actor, e.sequences, e.action_mask, e.attention_mask, with_entropy=with_entropy)
     with pytest.raises(FloatingPointError, match="no NaN reaches the loss"):
