@@ -25,6 +25,16 @@ What is adjusted, and why:
   ``attn_implementation="flash_attention_2"``): true, since the stand-in kernels are there. Without it
   transformers refuses flash-attention 2 on CPU, and OpenRLHF's default ``--ds.attn_implementation`` and its
   sample packing (which forces it) could not run.
+- ``Init._allgather_params_coalesced`` in ``deepspeed.runtime.zero.partition_parameters``: DeepSpeed's blocking
+  ZeRO-3 gather of several parameters at once (a ``GatheredParameters`` block: transformers loading each layer of
+  a checkpoint, the LoRA weight sync; the persistent parameters after each optimizer step) launches one async
+  all-gather per parameter and waits for the last one only, which on CUDA implies the others (one NCCL stream,
+  in order). Gloo runs them on a pool of threads: the last can finish first, and the others' parameters are used
+  while still being written. Loading a checkpoint can then leave uninitialised memory in a layer's weight on every
+  rank (rank 0 copies the checkpoint into the gathered weight, the gather then overwrites part of it with the
+  partitions the model was built with, rank 0 broadcasts the result), and every forward of the run gives NaN
+  (issue 30). The replacement gathers them one blocking all-gather at a time (DeepSpeed's own
+  ``stage3_allgather_sequential`` path).
 
 vLLM's own processes (its engine core is a child of the Ray actor, which the setup hook does not reach) load
 :func:`apply_vllm` through vLLM's plugin entry point (``vllm.general_plugins``, declared in ``setup.py``). Under
@@ -211,6 +221,16 @@ def _patch_transformers_flash_attention(module):
     module.FLASH_ATTENTION_COMPATIBILITY_MATRIX[2]["general_availability_check"] = _flash_attn_2_available
 
 
+# -------------------------------------------------------------------------------------------- deepspeed
+def _allgather_params_blocking(self, param_list, hierarchy=0, quantize=False):
+    """Every parameter of ``param_list`` whole when this returns (the module docstring says why)."""
+    return self._allgather_params_sequential(param_list, hierarchy=hierarchy)
+
+
+def _patch_zero3_blocking_gather(module):
+    module.Init._allgather_params_coalesced = _allgather_params_blocking
+
+
 def _float32(param_dtype):
     import torch
 
@@ -265,6 +285,7 @@ def apply():
     when_imported("openrlhf.trainer.ray.ppo_actor", _patch_ppo_actor)
     when_imported("flash_attn", _patch_flash_attn)
     when_imported("transformers.modeling_flash_attention_utils", _patch_transformers_flash_attention)
+    when_imported("deepspeed.runtime.zero.partition_parameters", _patch_zero3_blocking_gather)
     if fp32_requested():
         when_imported("openrlhf.utils.utils", _patch_dtype_conversion)
         when_imported("openrlhf.utils.deepspeed.deepspeed", _patch_deepspeed_configs)

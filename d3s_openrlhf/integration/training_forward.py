@@ -143,6 +143,30 @@ def action_hidden(actor: Actor, hidden, sequences, attention_mask, rows, columns
     return hidden[0, packed_index[rows * seqlen + positions]], targets
 
 
+def _refuse_non_finite(head: torch.nn.Linear, hidden, log_probs, entropy) -> None:
+    """Raise FloatingPointError where a log-prob or entropy is not finite, saying where the non-finite value comes
+    from: the model's forward up to the head (upstream's computation), the head's parameters, or the kernel."""
+    finite = torch.isfinite(log_probs) if entropy is None else torch.isfinite(log_probs) & torch.isfinite(entropy)
+    if bool(finite.all()):
+        return
+    bad = int((~finite).sum())
+    hidden_bad = int((~torch.isfinite(hidden[~finite])).any(dim=-1).sum())
+    head_bad = sum(int((~torch.isfinite(p)).sum()) for p in (head.weight, head.bias) if p is not None)
+    if hidden_bad:
+        source = (
+            f"the final hidden states are non-finite at {hidden_bad} of them: the model's own forward up to its LM "
+            "head (upstream's computation) produced them, and upstream's forward gives the same NaN"
+        )
+    elif head_bad:
+        source = f"the LM head's parameters hold {head_bad} non-finite values: upstream's forward gives the same NaN"
+    else:
+        source = "their hidden states and the LM head are finite: the chunked kernel (core.logprobs) produced them"
+    raise FloatingPointError(
+        f"non-finite log-probs or entropy at {bad} of {finite.numel()} action tokens; {source}. Stopped here so "
+        "that no NaN reaches the loss"
+    )
+
+
 def head_log_probs(
     head: torch.nn.Linear,
     hidden,
@@ -153,10 +177,11 @@ def head_log_probs(
 ):
     """``(log_probs, entropy)`` (k,) fp32 of ``targets`` under softmax(head(hidden) / temperature), from one call
     of the head module whose forward is the chunked kernel (hidden (k, H), targets (k,); ``chunk_size``: the
-    kernel's, None for its default); ``entropy`` is None without ``with_entropy``."""
+    kernel's, None for its default); ``entropy`` is None without ``with_entropy``. A non-finite result raises
+    FloatingPointError naming its source (:func:`_refuse_non_finite`)."""
 
     def chunked(states, ids):
-        return chunked_logprobs_entropy(
+        log_probs, entropy = chunked_logprobs_entropy(
             states,
             head.weight,
             ids,
@@ -165,6 +190,8 @@ def head_log_probs(
             chunk_size=chunk_size,
             with_entropy=with_entropy,
         )
+        _refuse_non_finite(head, states, log_probs, entropy)  # here, where ZeRO-3 has gathered the head
+        return log_probs, entropy
 
     # an instance attribute shadows Linear.forward for nn.Module.__call__, which runs the head's hooks
     own = head.__dict__.get("forward")  # a wrapper's (accelerate's hooks set one), put back afterwards

@@ -12,6 +12,7 @@ OpenRLHF makes unconditionally (``torch.cuda.current_device/synchronize/empty_ca
 import copy
 import math
 import os
+import re
 import subprocess
 import sys
 from types import SimpleNamespace as NS
@@ -781,6 +782,49 @@ def test_policy_forward_gives_log_probs_with_chunked_logits_when_asked(model_dir
     else:
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
         assert heads == [(int(e.action_mask.sum()), 64)]
+
+
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        ("body", "the final hidden states are non-finite at {count} of them: the model's own forward"),
+        ("head", "the LM head's parameters hold 1 non-finite values"),
+        ("kernel", "their hidden states and the LM head are finite: the chunked kernel (core.logprobs)"),
+    ],
+)
+@pytest.mark.parametrize("with_entropy", [False, True], ids=["log_probs", "with_entropy"])
+def test_a_non_finite_log_prob_is_refused_naming_where_it_comes_from(
+    model_dir, cpu_cuda, monkeypatch, source, message, with_entropy
+):
+    """Issue 30 item 5: whatever produced it, a NaN stops the chunked-logits forward (experience and training) with a
+    message that says whether upstream's own computation (the model up to its head, or the head's weight) made it;
+    the loss never sees it."""
+    from d3s_openrlhf.integration import training_forward
+    from d3s_openrlhf.integration.experience_forward import chunked_logits_log_probs
+
+    actor = load_actor(model_dir, temperature=0.7)
+    e = make_experience(actor, seed=43, rows=3, pg=None)
+    model = training_forward.causal_lm(actor)
+    with torch.no_grad():
+        if source == "body":
+            model.model.layers[1].mlp.down_proj.weight[0, 0] = float("nan")
+        elif source == "head":
+            model.lm_head.weight[7, 0] = float("nan")
+    kernel = training_forward.chunked_logprobs_entropy
+
+    def kernel_with_a_nan(*args, **kwargs):
+        log_probs, entropy = kernel(*args, **kwargs)
+        return log_probs.index_fill(0, torch.tensor([1]), float("nan")), entropy
+
+    if source == "kernel":
+        monkeypatch.setattr(training_forward, "chunked_logprobs_entropy", kernel_with_a_nan)
+    count = 1 if source == "kernel" else int(e.action_mask.sum())  # one NaN made by the kernel, else every token
+    total = int(e.action_mask.sum())
+    expected = f"non-finite log-probs or entropy at {count} of {total} action tokens; {message.format(count=count)}"
+    with pytest.raises(FloatingPointError, match=re.escape(expected)):
+        chunked_logits_log_probs(actor, e.sequences, e.action_mask, e.attention_mask, with_entropy=with_entropy)
+    with pytest.raises(FloatingPointError, match="no NaN reaches the loss"):
+        training_forward.training_forward(actor, e.sequences, e.action_mask, e.attention_mask)
 
 
 def bare_reference_actor(actor, args):
