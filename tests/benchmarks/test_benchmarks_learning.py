@@ -378,6 +378,12 @@ def test_the_generation_study_section_and_its_verdict(tmp_path):
     never_text = generation_study.verdict(generation_study.regime_analysis(never, "passes")[1], "passes", 4)
     assert "never reached GRPO's final accuracy" in never_text
     assert "each 4 rollouts generated for no training" in never_text
+    degraded = synthetic_generation_study([0.62, 0.66])
+    for run in degraded["results"]["passes"]["GRPO"].values():  # GRPO ends below the warm start (0.2)
+        run["heldout"][-1]["greedy"] = 0.1
+    degraded_text = generation_study.verdict(generation_study.regime_analysis(degraded, "passes")[1], "passes", 4)
+    assert "GRPO's final accuracy (0.100) is no better than the warm start's" in degraded_text
+    assert "reached GRPO's peak held-out greedy accuracy (0.410) with 0.31x" in degraded_text  # 200 / 640
     written = generation_study.generation_main(path, tmp_path / "generation.md")
     assert Path(written).read_text().startswith("# The generation level at fixed steps on `synthetic`")
 
