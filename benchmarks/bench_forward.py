@@ -1,4 +1,4 @@
-"""Peak memory and time of the actor's forwards with and without full logits, on OpenRLHF's real ``Actor``.
+"""Peak memory and time of the actor's forwards with full and with chunked logits, on OpenRLHF's real ``Actor``.
 
 A Qwen2.5-like model (vocabulary 151,936, hidden size 896 as qwen2.5-0.5b, tied embeddings, 2 layers: the body
 is the same in every variant, only the LM head's share matters here), one sequence of T tokens of which A = T/2

@@ -50,8 +50,9 @@ minutes: before the runtime set ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, and on a s
 ``--quick`` smoke-tests the whole chain (a 1-epoch SFT on 64 examples, every method for 1 seed x 3 steps, the
 evaluations, the report) in 11 minutes on 2 CPU cores (2026-11-25: the SFT 2.3, then ten real Ray runs of 44-53 s,
 nearly all of it starting Ray, the actors and vLLM; ``--parts`` and ``--methods`` narrow it). Its report says it is a
-smoke test, and one ``--out`` holds either a quick run or a study. Every invocation ends with ``report.py --study`` on
-the results so far (``OUT/learning_study.md`` and ``.png``).
+smoke test, and one ``--out`` holds either a quick run or a study. Every invocation ends with the report on the results
+so far: ``report.py --study`` (``OUT/learning_study.md`` and ``.png``), or for the screen part
+``OUT/generation_study.md``.
 """
 
 from __future__ import annotations

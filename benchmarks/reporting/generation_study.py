@@ -101,7 +101,16 @@ def _interval(draws):
     draws = draws[~np.isnan(draws)]
     if not len(draws):
         return float("nan"), float("nan")
-    return tuple(float(v) for v in np.percentile(draws, [2.5, 97.5]))
+    # order statistics: interpolating next to an inf draw would give inf - inf
+    return tuple(float(v) for v in np.percentile(draws, [2.5, 97.5], method="inverted_cdf"))
+
+
+def _upstream_passes(document, regime, run):
+    """Passes over the data of an arm without fixed steps (which logs no ``d3s/passes``): whole passes over the
+    pool, or one pass over fresh prompts."""
+    if regime != "passes":
+        return 1.0
+    return len(run["steps"]) * document["prompts_per_step"] / document["pool"]
 
 
 def _counts(runs, key):
@@ -138,7 +147,7 @@ def regime_analysis(document, regime):
         m["acceptance"] = (pilots - screened) / pilots if pilots else None
         m["false_reject"] = (_counts(runs, "d3s/false_rejects") / audited, int(audited)) if audited else None
         m["trained_rollouts"] = trained / len(runs)
-        m["passes"] = max(run["steps"][-1].get("d3s/passes", 1.0) for run in runs)
+        m["passes"] = max(run["steps"][-1].get("d3s/passes", _upstream_passes(document, regime, run)) for run in runs)
         m["zero_var_thirds"] = thirds(np.mean([r["zero_var"] for r in m["runs"]], axis=0))
     grpo = arrays["GRPO"]
     budget = info["GRPO"]["totals"]["wall"]

@@ -1,5 +1,5 @@
 """The sections of RESULTS.md besides the study, and its summary: step cost (with its plot), selection overhead,
-memory of the log-prob and entropy forward, the actor's forwards without full logits."""
+memory of the log-prob and entropy forward, the actor's forwards with chunked logits."""
 
 from __future__ import annotations
 
@@ -237,7 +237,7 @@ def _load_note(forward):
 def forward_section(forward):
     """Peak memory and time of the actor's forwards on OpenRLHF's Actor (bench_forward.py)."""
     lines = [
-        "## 5. The actor's forwards without full logits",
+        "## 5. The actor's forwards with chunked logits",
         "",
         f"Command: `PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_forward.py` ({forward['date']}, "
         f"{forward['machine']}). OpenRLHF's `Actor` around a randomly initialised model ({forward['model']}); one "

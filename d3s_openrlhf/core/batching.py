@@ -20,22 +20,14 @@ from typing import Optional
 
 import torch
 
-from d3s_openrlhf.core.checks import is_int
-
-
-def _int_arg(name: str, value, minimum: int) -> int:
-    if not is_int(value):
-        raise ValueError(f"{name} must be an int, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
-    return int(value)
+from d3s_openrlhf.core.checks import require_int
 
 
 def kept_unit(train_batch_size: int, rollout_micro_batch_size: int, dp_size: int, dynamic_batch: bool) -> int:
     """The number every kept-rollout count must be a multiple of (see the module docstring)."""
-    train_batch_size = _int_arg("train_batch_size", train_batch_size, 1)
-    rollout_micro_batch_size = _int_arg("rollout_micro_batch_size", rollout_micro_batch_size, 1)
-    dp_size = _int_arg("dp_size", dp_size, 1)
+    train_batch_size = require_int("train_batch_size", train_batch_size, 1)
+    rollout_micro_batch_size = require_int("rollout_micro_batch_size", rollout_micro_batch_size, 1)
+    dp_size = require_int("dp_size", dp_size, 1)
     if not isinstance(dynamic_batch, bool):
         raise ValueError(f"dynamic_batch must be a bool, got {dynamic_batch!r}")
     if dynamic_batch:
@@ -49,10 +41,10 @@ def legal_kept_count(target: int, total: int, unit: int, minimum: int = 1) -> in
     ``total`` (all B * G rollouts) must itself be a multiple of ``unit`` (OpenRLHF needs that to train the
     full batch), which also guarantees that the result exists for any target <= total.
     """
-    target = _int_arg("target", target, 0)
-    total = _int_arg("total", total, 1)
-    unit = _int_arg("unit", unit, 1)
-    minimum = _int_arg("minimum", minimum, 1)
+    target = require_int("target", target, 0)
+    total = require_int("total", total, 1)
+    unit = require_int("unit", unit, 1)
+    minimum = require_int("minimum", minimum, 1)
     if unit > total:
         raise ValueError(f"unit {unit} is larger than the total of {total} rollouts: no legal kept count exists")
     if total % unit:
@@ -71,9 +63,9 @@ def intra_counts(kept: int, n: int, num_prompts: int, generator: Optional[torch.
     None), so which prompts get the extra one does not depend on their position in the batch. The generator is
     only advanced when r > 0; it may live on any device (the draw happens there), the counts are on the CPU.
     """
-    kept = _int_arg("kept", kept, 0)
-    n = _int_arg("n", n, 0)
-    num_prompts = _int_arg("num_prompts", num_prompts, 1)
+    kept = require_int("kept", kept, 0)
+    n = require_int("n", n, 0)
+    num_prompts = require_int("num_prompts", num_prompts, 1)
     extra = kept - n * num_prompts
     if not 0 <= extra <= num_prompts:
         raise ValueError(

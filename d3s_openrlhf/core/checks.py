@@ -13,6 +13,15 @@ def is_int(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+def require_int(name: str, value, minimum: int) -> int:
+    """``value`` as an int, or ValueError naming ``name`` if it is not an int (bools refused) or below ``minimum``."""
+    if not is_int(value):
+        raise ValueError(f"{name} must be an int, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+    return int(value)
+
+
 def is_real(value) -> bool:
     """A real number that is neither a bool nor NaN."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and value == value

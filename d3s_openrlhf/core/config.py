@@ -161,8 +161,8 @@ class D3SConfig:
         0,
         "steps over which p goes from 0 to 1 (p = min(step / schedule_steps, 1)); 0 = the run's number of "
         "rollout steps. With prompt skipping or screening (--d3s.prompt_skip, --d3s.pilot_rollouts) it is required, "
-        "and with them or with --algo.dynamic_filtering_enable the run trains exactly this many steps, cycling over "
-        "the prompts as often as it takes",
+        "and with them or with --algo.dynamic_filtering_enable (D3S on) the run trains exactly this many steps, "
+        "cycling over the prompts as often as it takes",
         int,
     )
     token_scope: str = _option(
@@ -232,8 +232,8 @@ class D3SConfig:
     )
     chunked_logits: bool = _option(
         False,
-        "compute the log-probs (and entropy) without full logits, as at K < 1, at every step: also at K = 1 and "
-        "with sample selection alone (PODS)",
+        "compute the log-probs (and entropy) with chunked logits (never the full logits), as at K < 1, at every "
+        "step: also at K = 1 and with sample selection alone (PODS)",
         bool,
     )
     dry_run: bool = _option(

@@ -1,4 +1,4 @@
-"""Per-token log-probs of target ids and the policy entropy from final hidden states, without full logits.
+"""Per-token log-probs of target ids and the policy entropy from final hidden states, with chunked logits.
 
 For positions t with final hidden state h_t (H,), output embedding W (V, H) and optional bias b (V,):
 

@@ -24,20 +24,12 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Tuple, Union
 
-from d3s_openrlhf.core.checks import is_int, is_real
+from d3s_openrlhf.core.checks import is_real, require_int
 
 SCHEDULE_KINDS = ("linear", "cosine", "constant")
 
 # Slack for recognising a half in float interpolation (cosine); float error there is ~1e-13 for any N we meet.
 _HALF_SLACK = 1e-9
-
-
-def _require_int(name: str, value, minimum: int) -> int:
-    if not is_int(value):
-        raise ValueError(f"{name} must be an int, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
-    return int(value)
 
 
 def _require_fraction(name: str, value) -> float:
@@ -75,22 +67,22 @@ class DownSamplingSchedule:
     kind: str = "linear"
 
     def __post_init__(self):
-        object.__setattr__(self, "n_init", _require_int("n_init", self.n_init, 1))
-        object.__setattr__(self, "n_final", _require_int("n_final", self.n_final, 1))
+        object.__setattr__(self, "n_init", require_int("n_init", self.n_init, 1))
+        object.__setattr__(self, "n_final", require_int("n_final", self.n_final, 1))
         object.__setattr__(self, "k_init", _require_fraction("k_init", self.k_init))
         object.__setattr__(self, "k_final", _require_fraction("k_final", self.k_final))
-        object.__setattr__(self, "total_steps", _require_int("total_steps", self.total_steps, 1))
+        object.__setattr__(self, "total_steps", require_int("total_steps", self.total_steps, 1))
         if self.kind not in SCHEDULE_KINDS:
             raise ValueError(f"kind must be one of {', '.join(SCHEDULE_KINDS)}, got {self.kind!r}")
 
     def progress(self, step: int) -> float:
         """p = min(step / total_steps, 1) for a step >= 0 (before the cosine easing)."""
-        step = _require_int("step", step, 0)
+        step = require_int("step", step, 0)
         return min(step, self.total_steps) / self.total_steps
 
     def at(self, step: int) -> Tuple[int, float]:
         """(N, K) at ``step`` (0-based; steps past ``total_steps`` give the final values)."""
-        step = _require_int("step", step, 0)
+        step = require_int("step", step, 0)
         if self.kind == "constant":
             return self.n_init, self.k_init
         clipped = min(step, self.total_steps)

@@ -182,7 +182,7 @@ def full_logits_requested(args) -> bool:
 
 
 def chunked_logits_requested(args) -> bool:
-    """Whether ``--d3s.chunked_logits`` asks for the forwards without full logits at every step (False with D3S
+    """Whether ``--d3s.chunked_logits`` asks for the chunked-logits forwards at every step (False with D3S
     off)."""
     config = config_from_args(args)
     return config is not None and config.chunked_logits
@@ -331,19 +331,15 @@ def scaled_max_steps(args, cfg: D3SConfig, max_steps: int, run_steps: int) -> in
     ``max_steps`` (which counts all B*G rollouts of every step, partial last batches by their size); unchanged
     with ``max_steps`` <= 0, and without sample selection unless the run's steps are set otherwise (below).
 
-    With skipping or screening the run trains exactly R = ``--d3s.schedule_steps`` full batches, cycling over the
-    prompts, so the horizon is the formula's, uncapped (upstream's count assumes its passes). With dynamic
-    filtering alone the run's number of steps is unknown in advance (filtered prompts are replaced, so steps
-    consume more prompts than ``rollout.batch_size``): R is then ``--d3s.schedule_steps`` when set (required by the
-    CLI for a moving schedule), so the LR schedule spans the same steps as (N, K).
+    With fixed steps (:func:`fixed_steps`: skipping, screening, or dynamic filtering with ``--d3s.schedule_steps``)
+    the run trains exactly R = ``--d3s.schedule_steps`` full batches, cycling over the prompts, so the horizon is
+    the formula's, uncapped (upstream's count assumes its passes).
     """
     if max_steps <= 0:
         return max_steps
     fixed = fixed_steps(cfg, args)
     if fixed is not None:
         run_steps = fixed
-    elif steps_unknown_in_advance(args, cfg) and cfg.schedule_steps > 0:
-        run_steps = cfg.schedule_steps
     elif not cfg.samples_enabled:
         return max_steps
     schedule = cfg.schedule_for(run_steps)
@@ -404,7 +400,7 @@ def lora_sync_needed(host_argv: Sequence[str]) -> bool:
 
 DEEPSPEED_RANGE = ((0, 18, 3), (0, 20))
 """The DeepSpeed versions supported, from the first to the first not (setup.py declares the same range). The
-training forward without full logits starts the engine's backward from hooks on its log-probs with DeepSpeed's own
+chunked-logits training forward starts the engine's backward from hooks on its log-probs with DeepSpeed's own
 machinery: ``deepspeed.runtime.utils.register_output_backward_hooks``, the engine's ``_backward_prologue`` and
 ``_backward_prologue_per_tensor``, and the hook manager a model output carries (``_backward_hook_managers``, its
 ``_make_backward_hook`` and ``hook_handles``), all from DeepSpeed 0.18.3 on (its PyTorch-compatible backward,

@@ -346,14 +346,14 @@ class D3SSamplesGenerator(SamplesGenerator):
         self._counts["d3s/carried_pilots"] += len(self._carried)
         return draw.accepted
 
-    def _start_rest(self, draw: "_ScreenedDraw", item: Item, pilot_responses, audited: bool = False) -> None:
+    def _start_rest(self, draw: _ScreenedDraw, item: Item, pilot_responses, audited: bool = False) -> None:
         """Dispatch the G - k rollouts that complete a pilot's group."""
         _, prompt, label, image = item
         kwargs = {**draw.generate_kwargs, "n_samples_per_prompt": draw.group_size - self.d3s.pilot_rollouts}
         (ref,) = self._dispatch_prompts_to_vllm([prompt], [label], images=[image], **kwargs)
         draw.rests[ref] = (item, pilot_responses, audited)
 
-    def _top_up(self, draw: "_ScreenedDraw") -> None:
+    def _top_up(self, draw: _ScreenedDraw) -> None:
         """Complete the carried pilots first, then keep ceil(needed / acceptance) pilots in flight (core.screening)."""
         while self._carried and draw.started < draw.num_prompts:
             self._start_rest(draw, *self._carried.pop(0))
@@ -369,7 +369,7 @@ class D3SSamplesGenerator(SamplesGenerator):
             refs = self._dispatch_prompts_to_vllm(list(prompts), list(labels), images=list(images), **kwargs)
             draw.pilots.update(zip(refs, items))
 
-    def _pilot_returned(self, draw: "_ScreenedDraw", item: Item, responses) -> None:
+    def _pilot_returned(self, draw: _ScreenedDraw, item: Item, responses) -> None:
         """Screen a returned pilot: out if its rewards are all equal (audited now and then), else its rest is
         dispatched, or it waits for the next batch if this one is full."""
         draw.pilots_done += 1
@@ -385,7 +385,7 @@ class D3SSamplesGenerator(SamplesGenerator):
         else:
             self._carried.append((item, responses))
 
-    def _rest_returned(self, draw: "_ScreenedDraw", item: Item, pilot_responses, audited, responses, filtering) -> bool:
+    def _rest_returned(self, draw: _ScreenedDraw, item: Item, pilot_responses, audited, responses, filtering) -> bool:
         """A completed group: counted if it was an audit, else accepted unless upstream's filter drops it (its slot
         then opens again). Returns whether it joined the batch."""
         group = [*pilot_responses, *responses]

@@ -22,7 +22,7 @@ def marked_processes(marker, run_id):
 
 
 def command_line(pid, width=120):
-    """The first ``width`` characters of ``pid``'s command line, "?" once it is gone."""
+    """The first ``width`` characters of ``pid``'s command line (all of it with None), "?" once it is gone."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             return f.read().replace(b"\0", b" ").decode(errors="replace")[:width]

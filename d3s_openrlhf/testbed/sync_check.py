@@ -14,17 +14,12 @@ target modules); only the adapter is perturbed, and the sync is the package's me
 
 import argparse
 import json
-import socket
 import sys
 from types import SimpleNamespace
 
+from d3s_openrlhf.testbed.ray_cluster import free_port
+
 PROMPT = "12+7=19"
-
-
-def _free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def engine_prompt_logprobs(engine, token_ids):
@@ -84,9 +79,7 @@ def run(model_dir, syncs, scale, lora_rank=0):
 
         from d3s_openrlhf.integration.lora_sync import LoRASyncActorPPOTrainer
 
-        torch.distributed.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
-        )
+        torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
         engines = create_vllm_engines(1, 1, model_dir, 0, False, False, True, 64, None, 0.9)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         token_ids = tokenizer(PROMPT, add_special_tokens=False)["input_ids"]

@@ -388,6 +388,15 @@ def test_the_generation_study_section_and_its_verdict(tmp_path):
     assert Path(written).read_text().startswith("# The generation level at fixed steps on `synthetic`")
 
 
+def test_a_bootstrap_interval_next_to_never_is_an_order_statistic():
+    from reporting import generation_study
+
+    assert generation_study._interval([0.3] * 90 + [float("inf")] * 10) == (0.3, float("inf"))
+    assert generation_study._interval([float("inf")] * 100) == (float("inf"), float("inf"))
+    low, high = generation_study._interval([float("nan"), 0.2, 0.4])
+    assert (low, high) == (0.2, 0.4)
+
+
 def _write(tmp_path, document):
     path = tmp_path / "study.json"
     path.write_text(json.dumps(document))

@@ -18,6 +18,7 @@ import pipeline_checks as helpers
 import pytest
 
 from d3s_openrlhf.testbed import pipeline
+from d3s_openrlhf.testbed.processes import command_line
 
 pytestmark = pytest.mark.e2e
 
@@ -45,14 +46,6 @@ def _descendants(pid):
     return found
 
 
-def _command(pid):
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
 class Killer:
     """``on_line`` of a run: at the first line logging global step 2, SIGKILLs the run's process whose Ray title
     names ``actor_class``; records when, and when the run's output last moved."""
@@ -67,7 +60,7 @@ class Killer:
         if self.killed_at is not None or "Global step 2" not in line:
             return
         for pid in self.run_processes.alive(self.tag, marker=VICTIM_MARKER):
-            command = _command(pid)
+            command = command_line(pid, width=None)
             if command.startswith("ray::") and self.actor_class in command.split()[0]:
                 self.orphans = _descendants(pid)
                 os.kill(pid, signal.SIGKILL)

@@ -141,7 +141,7 @@ def test_dynamic_filtering_trains_the_fixed_steps(toy_sft, run_pipeline, assert_
     # rollouts that step actually has
     fields = dict(CROSS, schedule_steps=3)
     filtering = ["--algo.dynamic_filtering_enable", "--algo.dynamic_filtering_range", "0.2", "0.8"]
-    # kept counts in units of 8 = one prompt's group: a short last batch (the prompts ran out) stays legal
+    # kept counts in units of 8 = one prompt's group
     config = dataclasses.replace(
         BASE, steps=4, train_batch_size=8, micro_batch_size=8, extra=helpers.d3s_flags(**fields) + filtering
     )
@@ -157,7 +157,8 @@ def test_dynamic_filtering_trains_the_fixed_steps(toy_sft, run_pipeline, assert_
     for step, values in run.steps.items():
         n, k = schedule.at(step - 1)
         total = int(values["rollout/num_samples"])
-        assert total % config.samples_per_prompt == 0 and total % unit == 0, (step, total)
+        assert total == config.prompts_per_step * config.samples_per_prompt, (step, total)  # full: the prompts cycle
+        assert total % unit == 0, (step, total)
         kept = legal_kept_count(n * total // config.samples_per_prompt, total, unit)
         assert (values["d3s/n"], values["d3s/kept_rollouts"]) == (n, kept), (step, values, n, kept)
         assert values["d3s/k"] == pytest.approx(k, abs=1e-6), step

@@ -1,12 +1,13 @@
 """Fixtures of the integration tests: a free local port, a one-rank gloo process group, and the actor tests' tiny
 Llama (``model_dir``) with the CUDA calls OpenRLHF makes pointed at the CPU (``cpu_cuda``)."""
 
-import socket
 import sys
 from pathlib import Path
 
 import pytest
 import torch.distributed as dist
+
+from d3s_openrlhf.testbed import ray_cluster
 
 # the actor tests' model and batches, ``import actor_batches`` (tests/ is no package)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -14,16 +15,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from actor_batches import point_cuda_at_cpu, write_tiny_llama  # noqa: E402
 
 
-def _free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
 def free_port():
     """A TCP port on 127.0.0.1 that nothing listens on."""
-    return _free_port()
+    return ray_cluster.free_port()
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +27,7 @@ def process_group():
     if dist.is_initialized():
         yield
         return
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{ray_cluster.free_port()}", rank=0, world_size=1)
     yield
     dist.destroy_process_group()
 
