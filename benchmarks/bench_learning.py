@@ -154,17 +154,18 @@ def drops_prompts(part, method):
 
 
 def rl_config(prepared, part, method, seed, steps, eval_every, prompts=PROMPTS, fp32=True, pool=None):
-    """The run's configuration: ``steps`` rollout steps over the first ``pool`` RL prompts (all of them when None).
+    """The run's configuration: ``steps`` rollout steps over the first ``pool`` RL prompts (the screen part: the
+    pool of the passes regime, or the whole RL split of the fresh one).
 
     In the screen part every arm trains exactly ``steps`` steps with --d3s.schedule_steps ``steps``: the arms that
     drop prompts by their fixed steps, cycling over the pool as often as they need, the others by upstream's passes
-    (the pool's batches x the episodes it takes; ``pool`` = ``steps`` x ``prompts`` is one pass of fresh prompts).
+    (whole passes over the pool; over a pool of more than ``steps`` x ``prompts``, one pass over its first ones).
     """
     group, flags = PARTS[part][method]
     pass_steps, episodes = steps, 1
     extra = list(flags)
     if part == "screen":
-        pass_steps = (pool or prepared_prompt_count(prepared)) // prompts
+        pass_steps = pool // prompts
         if not drops_prompts(part, method):
             pass_steps = min(pass_steps, steps)
             episodes = steps // pass_steps
@@ -175,11 +176,6 @@ def rl_config(prepared, part, method, seed, steps, eval_every, prompts=PROMPTS, 
     return dataclasses.replace(
         config, prompts_per_step=prompts, samples_per_prompt=group, steps=pass_steps, seed=seed, extra=extra, fp32=fp32
     )
-
-
-def prepared_prompt_count(prepared):
-    with open(prepared.task.prompts) as handle:
-        return sum(1 for line in handle if line.strip())
 
 
 def run(
@@ -198,7 +194,7 @@ def run(
     pool=None,
 ):
     """One RL run and its held-out evaluations; returns the per-step metrics and the evaluation curve. ``regime``
-    (screen part): "passes" over the first ``pool`` prompts, or "fresh" ones (``pool`` None)."""
+    (screen part): "passes" over the first ``pool`` prompts, or "fresh" ones (``pool``: the whole RL split)."""
     config = rl_config(prepared, part, method, seed, steps, eval_every, prompts, fp32, pool)
     name = f"{part}-{regime}-{method}-seed{seed}" if regime else f"{part}-{method}-seed{seed}"
     run_dir = os.path.join(workdir, name)
@@ -406,7 +402,7 @@ def run_all(options, prepared, document, workdir, results_path):
                     options.prompts,
                     options.precision == "fp32",
                     regime=regime,
-                    pool=options.pool if regime == "passes" else None,
+                    pool=options.pool if regime == "passes" else document["task_config"]["n_prompts"],
                 )
                 result["flags"] = [str(flag) for flag in PARTS[part][method][1]]
                 result["date"] = time.strftime("%Y-%m-%d")

@@ -286,7 +286,7 @@ def test_a_wall_time_ratio_within_the_machines_drift_is_not_resolved():
 
 
 # -- the screen part (generation_study.json): equal steps, the section and its verdict -----------------------------
-@pytest.mark.parametrize("regime, pool", [("passes", 200), ("fresh", None)])
+@pytest.mark.parametrize("regime, pool", [("passes", 200), ("fresh", 4000)])
 def test_every_arm_of_the_screen_part_trains_the_same_steps(regime, pool, tmp_path):
     from d3s_openrlhf.cli.train_ppo_ray import resolve
     from d3s_openrlhf.integration import host
@@ -302,10 +302,10 @@ def test_every_arm_of_the_screen_part_trains_the_same_steps(regime, pool, tmp_pa
         d3s, _, host_args, _ = resolve(argv)
         fixed = host.fixed_steps(d3s, host_args)
         if bench_learning.drops_prompts("screen", method):  # its fixed steps, over the pool cycled as it needs
-            assert fixed == 150 and config.steps * config.prompts_per_step == (pool or 4000), method
+            assert fixed == 150 and config.steps * config.prompts_per_step == pool, method
         else:  # upstream's passes: whole ones over the pool, or one pass over fresh prompts
             assert fixed is None and config.steps * config.episodes == 150, method
-            assert config.steps * config.prompts_per_step == (pool or 150 * 8), method
+            assert config.steps * config.prompts_per_step == min(pool, 150 * 8), method
             assert host.rollout_steps(config.steps * config.prompts_per_step, host_args) == 150
 
 
