@@ -30,7 +30,7 @@ Three parts:
   ``--d3s.schedule_steps``, cycling over the data as they need, the others by whole passes. Two regimes: ``passes``
   (the first ``--pool`` 200 prompts, 6 passes) and ``fresh`` (a 4000-prompt split, one pass). The screening arms
   complete 10% of their screened-out prompts (``--d3s.pilot_audit``) to count false rejects. Cost on 2 CPU cores
-  (2026-11-25/26): its own SFT warm start 5 to 19 minutes (the longer under load), then 23 to 32 minutes a seed.
+  (2026-11-25/26): its own SFT warm start 5 to 19 minutes (the longer under load), then 27 to 33 minutes a seed.
 
 GRPO runs as ``--d3s.preset d1s`` with N = G (nothing dropped: upstream's batch path, the same update as D3S off)
 so that it logs the share of zero-variance groups like the other methods.

@@ -5,7 +5,7 @@
 #   step cost + selection + memory + forward: about 40 minutes (bench_forward.py: 15, measured 2026-11-25);
 #   on a GPU machine, separately: PYTHONPATH=$PWD python benchmarks/bench_forward_gpu.py (torch + transformers);
 #   the study (bench_learning.py): 72 minutes measured on 2026-11-25 (SFT 4, --parts pods 24, --parts d3s 44);
-#   the generation level's study (bench_learning.py --parts screen): about 90 minutes (SFT 5-19, 23-32 a seed);
+#   the generation level's study (bench_learning.py --parts screen): about 100 minutes (SFT 5-19, 27-33 a seed);
 #   bench_evaluate.py: about 3 minutes (2026-11-25);
 #   bench_lora_sync.py: under a minute;
 #   report.py: seconds.

@@ -80,13 +80,16 @@ def run_pipeline(tmp_path):
 
     The run goes through the launcher (``python -m d3s_openrlhf.cli.cpu module ...``), or with ``env_flag`` through
     ``D3S_OPENRLHF_CPU=1 python -m module ...`` (the module then activates the runtime itself). ``env`` adds
-    environment variables; ``on_line`` is called with each line of the run's output as it comes.
+    environment variables (a ``RAY_ADDRESS`` joins that cluster); ``on_line`` is called with each line of the run's
+    output as it comes.
     """
 
     def run(module, args, name="run", env_flag=False, env=None, on_line=None):
         run_id = uuid.uuid4().hex
-        env = dict(os.environ, **(env or {}), **{MARKER: run_id})
-        env.pop("RAY_ADDRESS", None)
+        given = env or {}
+        env = dict(os.environ, **{MARKER: run_id})
+        env.pop("RAY_ADDRESS", None)  # a run starts its own Ray head, unless ``env`` names a cluster
+        env.update(given)
         if env_flag:
             env["D3S_OPENRLHF_CPU"] = "1"
             command = [sys.executable, "-m", module, *[str(a) for a in args]]

@@ -3,9 +3,10 @@
 the reward file gives every rollout of an "easy" prompt (operands with an even sum) reward 1 and scores the others
 by exact match, and logs each scored rollout so that the test can count what was generated, pilots included.
 
-Every mode of the issue's list runs once: sync (D3S + screening + history, several passes), async with dynamic
-filtering, dynamic batching on two ZeRO-3 ranks, a checkpoint resume, and a multi-turn agent; the reward always
-comes at generation time (``--reward.remote_url`` with a reward file, or the agent)."""
+Every mode of the issue's list runs once with screening: sync (D3S + screening + history, several passes), async
+with dynamic filtering, dynamic batching on a two-node Ray cluster (two ZeRO-3 ranks, two vLLM engines), a
+checkpoint resume (also one of history alone), and a multi-turn agent; the reward always comes at generation time
+(``--reward.remote_url`` with a reward file, or the agent)."""
 
 import dataclasses
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from d3s_openrlhf.testbed import pipeline
+from d3s_openrlhf.testbed.ray_cluster import Cluster
 
 pytestmark = pytest.mark.e2e
 
@@ -29,7 +31,7 @@ SKIP = ["--d3s.prompt_skip", "history"]
 TOY_AGENT = str(Path(pipeline.__file__).with_name("toy_agent.py"))
 
 REWARD = """
-import re, torch
+import random, re, torch
 
 def reward_func(queries, prompts, labels, **kwargs):
     rewards = []
@@ -114,13 +116,25 @@ def test_async_with_dynamic_filtering(toy_sft, run_pipeline, assert_clean_run, t
         assert values["dynamic_filtering_pass_rate"] > 0, step
 
 
-def test_dynamic_batching_on_two_zero3_ranks(toy_sft, run_pipeline, assert_clean_run, tmp_path):
-    reward, _ = reward_file(tmp_path, "dynamic")
+def test_dynamic_batching_on_two_nodes(toy_sft, run_pipeline, assert_clean_run, tmp_path):
+    """A Ray cluster of two nodes: two ZeRO-3 actor ranks with dynamic batching, two vLLM engines sharing the
+    pilots and the rest of the groups."""
+    reward, _ = reward_file(tmp_path, "nodes")
     dynamic = ["--train.dynamic_batch_enable", "--train.max_tokens_per_gpu", "48", "--rollout.max_tokens_per_gpu", "48"]
+    layout = ["--actor.num_nodes", "2", "--actor.num_gpus_per_node", "1", "--ref.num_nodes", "2"]
+    layout += ["--ref.num_gpus_per_node", "1", "--vllm.num_engines", "2"]
     config = dataclasses.replace(
-        BASE, reward=reward, actor_gpus=2, zero_stage=3, train_batch_size=16, extra=grpo(6) + SCREEN + dynamic
+        BASE, reward=reward, zero_stage=3, train_batch_size=16, extra=grpo(6) + SCREEN + dynamic + layout
     )
-    run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "dynamic", config), name="dynamic")
+    with (
+        open(tmp_path / "cluster.log", "w") as log,
+        # the actor's 2 GPUs and the engines' 2 take all 4 of the two nodes' GPUs: the run spans both nodes
+        Cluster(nodes=2, gpus_per_node=2, log=log) as cluster,
+    ):
+        # the driver joins the cluster in Ray's single-machine mode, as its nodes run (every address 127.0.0.1)
+        env = {"RAY_ADDRESS": cluster.gcs_address, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+        run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "nodes", config), name="nodes", env=env)
+    assert not cluster.leftovers, cluster.leftovers
     assert_generation_run(run, assert_clean_run, steps=6)
 
 
@@ -139,6 +153,24 @@ def test_resume_restores_the_position_and_the_history(toy_sft, run_pipeline, ass
     assert_clean_run(run, range(5, STEPS + 1))
     # every prompt seen so far had a flat group: candidates, skipped with probability 1 - 0.05^c
     assert run.steps[5]["d3s/skip_candidates"] >= 4 and run.steps[5]["d3s/skipped_prompts"] > 0, run.tail()
+
+
+def test_a_screened_run_resumes_at_its_step(toy_sft, run_pipeline, assert_clean_run, tmp_path):
+    """Screening and history through a checkpoint at step 4: the resumed run trains steps 5-10, full batches of
+    groups with variance, from the restored position and history (an easy prompt still costs its pilots only)."""
+    # easy prompts flat; the others rewarded at random, so that half of their pilots pass whatever the model
+    reward, log = reward_file(tmp_path, "screened", mixed="float(random.random() < 0.5)")
+    checkpoint = ["--ckpt.save_steps", "4", "--ckpt.path", str(tmp_path / "checkpoints")]
+    first = dataclasses.replace(BASE, reward=reward, extra=grpo(4) + SCREEN + SKIP + checkpoint)
+    run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "first", first), name="first")
+    assert_generation_run(run, assert_clean_run, steps=4)
+    assert (tmp_path / "checkpoints" / "d3s_history" / "step4.pt").is_file()
+    resumed = dataclasses.replace(first, extra=grpo() + SCREEN + SKIP + checkpoint + ["--ckpt.load_enable"])
+    run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "resumed", resumed), name="resumed")
+    assert_generation_run(run, assert_clean_run, first=5)
+    counts, easy = scored(log)
+    assert all(counts[prompt] % PILOT == 0 and counts[prompt] < 4 * GROUP for prompt in easy), counts
+    assert sum(values["d3s/skipped_prompts"] for values in run.steps.values()) > 0, run.tail()
 
 
 def test_a_multi_turn_agent_is_screened_by_its_final_rewards(toy_sft, run_pipeline, assert_clean_run, tmp_path):

@@ -326,3 +326,17 @@ def test_dry_run_rejects_broken_batch_sizes(overrides, complaint):
     done = _dry_run(SCRIPTS / "qwen2.5-math-7b" / "grpo_d3s.sh", **overrides)
     assert done.returncode != 0
     assert complaint in done.stderr
+
+
+def test_the_generation_levels_example_passes_the_dry_run(capsys):
+    """docs/generation.md's command (screening and history appended to a launch script) as the docs print it."""
+    from d3s_openrlhf.cli.train_ppo_ray import main
+
+    docs = (ROOT / "docs" / "generation.md").read_text()
+    [command] = [line for line in docs.splitlines() if line.startswith("bash examples/scripts/")]
+    script, *appended = shlex.split(command)[1:]
+    _, entry = split_submit(printed_command(ROOT / script, *appended))
+    capsys.readouterr()
+    main([*entry[3:], "--d3s.dry_run"])
+    lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
+    assert {"--d3s.pilot_rollouts 8", "--d3s.prompt_skip history", "--d3s.schedule_steps 175"} <= set(lines)
