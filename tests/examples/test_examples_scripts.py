@@ -300,17 +300,22 @@ def _dry_run(script, *extra, **env):
     )
 
 
-@pytest.mark.parametrize("script", ALL_SCRIPTS, ids=SCRIPT_IDS)
-def test_dry_run_accepts_every_script(script, capsys):
-    # the script's own entrypoint argv, validated in this process (a Python start-up per script would cost minutes);
-    # test_dry_run_rejects_broken_batch_sizes runs the whole launch through bash
+def dry_run_lines(script, capsys, *extra):
+    """The dry run's printed lines for the script's own entrypoint argv (``extra`` appended), validated in this
+    process (a Python start-up per script would cost minutes); test_dry_run_rejects_broken_batch_sizes runs the
+    whole launch through bash."""
     from d3s_openrlhf.cli.train_ppo_ray import main
 
-    _, entry = split_submit(printed_command(script))
+    _, entry = split_submit(printed_command(script, *extra))
     assert entry[:3] == ENTRYPOINT
     capsys.readouterr()
     main([*entry[3:], "--d3s.dry_run"])
-    lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
+    return [line.strip() for line in capsys.readouterr().out.splitlines()]
+
+
+@pytest.mark.parametrize("script", ALL_SCRIPTS, ids=SCRIPT_IDS)
+def test_dry_run_accepts_every_script(script, capsys):
+    lines = dry_run_lines(script, capsys)
     assert f"--d3s.preset {PRESETS[script.stem]}" in lines
     assert "--d3s.dry_run True" in lines
 
@@ -330,13 +335,8 @@ def test_dry_run_rejects_broken_batch_sizes(overrides, complaint):
 
 def test_the_generation_levels_example_passes_the_dry_run(capsys):
     """docs/generation.md's command (screening and history appended to a launch script) as the docs print it."""
-    from d3s_openrlhf.cli.train_ppo_ray import main
-
     docs = (ROOT / "docs" / "generation.md").read_text()
     [command] = [line for line in docs.splitlines() if line.startswith("bash examples/scripts/")]
     script, *appended = shlex.split(command)[1:]
-    _, entry = split_submit(printed_command(ROOT / script, *appended))
-    capsys.readouterr()
-    main([*entry[3:], "--d3s.dry_run"])
-    lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
+    lines = dry_run_lines(ROOT / script, capsys, *appended)
     assert {"--d3s.pilot_rollouts 8", "--d3s.prompt_skip history", "--d3s.schedule_steps 175"} <= set(lines)
