@@ -1,22 +1,26 @@
-"""Time and peak memory of the actor's forwards, upstream's way against ours, wherever CUDA is (torch and
-transformers only: no Ray, DeepSpeed, vLLM or OpenRLHF import).
+"""Time and peak memory of the actor's log-prob forwards at the LM head, upstream's way against ours, wherever CUDA
+is (torch, transformers and openrlhf; no Ray, vLLM or DeepSpeed process).
 
 A Qwen2.5-like model (vocabulary 151,936, hidden 3,584 as Qwen2.5-7B, untied head; ``--layers`` of body, 2 by
 default: the body is the same in every variant, so more layers add the same time and memory to each) in bf16,
 one sequence of T tokens whose last 3/4 are the response (A action tokens). Per T:
 
 Experience-making forward (no grad):
-* ``upstream``: the model's logits (B, S, V) in bf16, cast to fp32, / temperature, log-probs of every position (what
-  OpenRLHF's ``Actor.forward`` computes);
+* ``upstream``: the model's logits (B, S, V), cast to fp32, / temperature in place, then OpenRLHF's own
+  ``log_probs_from_logits`` (what ``Actor.forward`` runs);
 * ``ours``: the model up to its head, then ``core.logprobs.chunked_logprobs_entropy`` at the action positions (the
   log-probs and the entropy the token scores need).
 
 Training step (forward and backward of the PPO-clip loss over the kept tokens, plus a k3 KL loss over every action
 token with ``kl on``):
-* ``upstream torch`` / ``upstream triton``: upstream's forward with its torch log-prob fallback, and with the memory
-  profile of flash-attn's Triton cross-entropy (``upstream_logprobs.TritonCrossEntropyProfile``; its fastest path);
+* ``upstream``: upstream's forward on the path its ``log_probs_from_logits`` takes on this device: flash-attn's
+  Triton cross-entropy where it imports on CUDA (every GPU install of OpenRLHF), else its torch fallback. The
+  output's ``upstream_path`` says which ran; where it was the Triton kernel, ``upstream, torch fallback`` is
+  measured too (upstream without flash-attn);
 * ``ours K``: the head at the kept tokens only (K < 1, kl off) or at every action token (kl on, or K = 1: what
   ``--d3s.chunked_logits`` runs), through the chunked kernel.
+
+The whole actor step through OpenRLHF's ``Actor`` (batches of responses, real body layers): ``bench_actor_gpu.py``.
 
 Peak = ``torch.cuda.max_memory_allocated`` above the level at the call (gradient buffers exist before, as in
 training); time = median of ``--repeats`` synchronised calls after one warm-up. On a CPU (``--device cpu``, for a
@@ -29,20 +33,23 @@ smoke run) the peak comes from torch's allocator events (``memory_probe``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import math
 import platform
 import statistics
 import time
+from importlib import metadata
 from pathlib import Path
 
 import torch
+from openrlhf.models.utils import log_probs_from_logits
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from d3s_openrlhf.core.logprobs import chunk_budget_bytes, chunked_logprobs_entropy, default_chunk_size
 from memory_probe import MIB, peak_allocated_bytes  # benchmarks/ is sys.path[0] when this file runs
-from upstream_logprobs import upstream_log_probs
+from upstream_logprobs import torch_fallback, upstream_path
 
 TEMPERATURE = 0.6  # the scripts' --rollout.temperature: upstream divides its fp32 logits in place
 
@@ -71,11 +78,14 @@ def batch(tokens: int, width: int, vocab: int, device):
     return sequences, advantages, scores
 
 
-def upstream_action_log_probs(model, sequences, width, triton):
-    logits = model(sequences).logits  # (1, S, V) in the model's dtype
+def upstream_action_log_probs(model, sequences, width, fallback=False):
+    """``Actor.forward``'s arithmetic from the model's output: (1, S, V) logits to fp32, / temperature in place, its
+    ``log_probs_from_logits`` (with ``fallback``: its torch path), the (1, A) action positions."""
+    logits = model(sequences).logits.to(torch.float32).div_(TEMPERATURE)
     labels = torch.roll(sequences, -1, dims=1)
-    log_probs = upstream_log_probs(logits[0], labels[0], TEMPERATURE, triton)
-    return log_probs[None, :-1][:, -width:]
+    with torch_fallback() if fallback else contextlib.nullcontext():
+        log_probs = log_probs_from_logits(logits, labels)
+    return log_probs[:, :-1][:, -width:]
 
 
 def ours_action_log_probs(model, sequences, width, rows, with_entropy):
@@ -123,12 +133,20 @@ def measure(fn, device, repeats):
     return {"peak_mib": peak / MIB, "seconds": statistics.median(seconds)}
 
 
+def upstream_variants(device) -> dict:
+    """Upstream's paths to measure on ``device``, by name: whichever ``log_probs_from_logits`` takes there, and its
+    torch fallback beside the Triton kernel (upstream without flash-attn)."""
+    fallback = not upstream_path(device).startswith("flash-attn")
+    return {"upstream": fallback} | ({} if fallback else {"upstream, torch fallback": True})
+
+
 def run_length(model, tokens, args):
     width = int(tokens * args.action_share)
     sequences, advantages, scores = batch(tokens, width, args.vocab, args.device)
     every = torch.ones(1, width, dtype=torch.bool, device=args.device)
+    variants = upstream_variants(args.device)
     with torch.no_grad():
-        old = upstream_action_log_probs(model, sequences, width, triton=False) - 0.05
+        old = upstream_action_log_probs(model, sequences, width, variants["upstream"]) - 0.05
     reference = old - 0.05
     row = {"tokens": tokens, "action_tokens": width, "logits_fp32_mib": tokens * args.vocab * 4 / MIB}
 
@@ -140,7 +158,7 @@ def run_length(model, tokens, args):
         return run
 
     experience = {
-        "upstream": no_grad(lambda: upstream_action_log_probs(model, sequences, width, False)),
+        "upstream": no_grad(lambda: upstream_action_log_probs(model, sequences, width, variants["upstream"])),
         "ours": no_grad(lambda: ours_action_log_probs(model, sequences, width, every, with_entropy=True)),
     }
     row["experience"] = {name: measure(fn, args.device, args.repeats) for name, fn in experience.items()}
@@ -156,9 +174,9 @@ def run_length(model, tokens, args):
     row["training"] = {}
     for kl in (False, True):
         cells = row["training"]["kl on" if kl else "kl off"] = {}
-        for triton in (False, True):
-            upstream = step(lambda triton=triton: upstream_action_log_probs(model, sequences, width, triton), every, kl)
-            cells["upstream triton" if triton else "upstream torch"] = measure(upstream, args.device, args.repeats)
+        for name, fallback in variants.items():
+            upstream = step(lambda f=fallback: upstream_action_log_probs(model, sequences, width, f), every, kl)
+            cells[name] = measure(upstream, args.device, args.repeats)
         for fraction in args.fractions:
             keep = max(1, math.ceil(fraction * width))
             kept = torch.zeros_like(every)
@@ -171,6 +189,22 @@ def run_length(model, tokens, args):
 
             cells[f"ours {fraction:g}"] = measure(step(ours, kept, kl), args.device, args.repeats)
     return row
+
+
+def environment(device) -> dict:
+    """The date, the machine and the versions of what ran, for the benchmarks' JSON."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
+    versions = {"torch": torch.__version__}
+    for package in ("transformers", "openrlhf", "deepspeed", "flash-attn", "triton"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = None
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{name} ({device.type}), torch {torch.__version__}",
+        "versions": versions,
+    }
 
 
 def parse(argv=None):
@@ -200,14 +234,13 @@ def main(argv=None) -> dict:
     for tokens in args.tokens:
         rows.append(run_length(model, tokens, args))
         print(f"T = {tokens}: {json.dumps(rows[-1])}", flush=True)
-    device_name = torch.cuda.get_device_name(args.device) if args.device.type == "cuda" else platform.processor()
     result = {
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": f"{device_name or platform.machine()} ({args.device.type}), torch {torch.__version__}",
+        **environment(args.device),
         "model": (
             f"Qwen2-like, vocabulary {args.vocab:,}, hidden {args.hidden}, {args.layers} layers, untied head, "
             f"{str(args.dtype).removeprefix('torch.')}"
         ),
+        "upstream_path": upstream_path(args.device),
         "chunk_rows_at_start": default_chunk_size(args.vocab, budget),
         "repeats": args.repeats,
         "rows": rows,

@@ -5,12 +5,13 @@
 Reads ``step_cost.json`` (bench_step_cost.py), ``learning_study.json`` (bench_learning.py, section 2),
 ``selection.json`` (bench_selection.py), ``memory.json``, ``forward.json``, ``forward_gpu.json`` (where a GPU
 ran it), ``generation_study.json`` (bench_learning.py --parts screen, section 6), ``evaluate.json`` (bench_evaluate.py,
-section 7), ``screening.json`` (bench_screening.py, section 8) and ``lora_sync_before.json`` / ``lora_sync_after.json``
-(bench_lora_sync.py, section 9). ``--study learning_study.json
---output STUDY.md`` instead writes the study alone (tables, Welch tests, the claims, ``STUDY.png``). Every number,
-comparison and verdict in the document is computed from those files (by ``benchmarks/reporting/``; this file parses
-the command line and assembles the document), so a rerun of ``benchmarks/run_all.sh`` regenerates the whole
-document consistently.
+section 7), ``screening.json`` (bench_screening.py, section 8), ``lora_sync_before.json`` / ``lora_sync_after.json``
+(bench_lora_sync.py, section 9), and for section 10 ``gpu_h200_2026-11-26.json`` (the team's H200 measurement),
+``actor_gpu*.json`` (bench_actor_gpu.py) and ``cuda_tests.json`` (the suite's CUDA tests on a GPU machine).
+``--study learning_study.json --output STUDY.md`` instead writes the study alone (tables, Welch tests, the claims,
+``STUDY.png``). Every number, comparison and verdict in the document is computed from those files (by
+``benchmarks/reporting/``; this file parses the command line and assembles the document), so a rerun of
+``benchmarks/run_all.sh`` regenerates the whole document consistently.
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ from pathlib import Path
 
 from reporting.claims import claims  # benchmarks/ is sys.path[0] when this file runs
 from reporting.generation_study import generation_section
+from reporting.gpu import gpu_actor_section, gpu_forward_section
 from reporting.screening import screening_section
 from reporting.sections import (
     evaluate_section,
     forward_section,
-    gpu_forward_section,
     lora_sync_section,
     memory_section,
     plot_step_cost,
@@ -75,6 +76,18 @@ def study_section(results):
     return lines, parts, found
 
 
+def gpu_actor_documents(results):
+    """Section 10's measurements, by label: the team's H200 file, then every bench_actor_gpu.py result."""
+    documents = {}
+    for path in sorted(results.glob("gpu_*.json")):
+        document = json.loads(path.read_text())
+        documents[f"{document['machine']}, {document['date']}: the team's first GPU run"] = document
+    for path in sorted(results.glob("actor_gpu*.json")):
+        document = json.loads(path.read_text())
+        documents[f"{document['machine']}, {document['date']}: `{path.name}`"] = document
+    return documents
+
+
 def main(argv=None):
     """RESULTS.md and its plots from the files in ``--results``; with ``--study``, the study alone."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -97,8 +110,8 @@ def main(argv=None):
         "# Benchmarks: what D3S costs and saves",
         "",
         "Regenerate everything: `bash benchmarks/run_all.sh` (its header says how long each part takes on 2 CPU "
-        "cores). Each section names its own command, machine and date. CPU only: no GPU was available for these "
-        "measurements.",
+        "cores). Each section names its own command, machine and date. Sections 1-9 ran on 2 CPU cores; the GPU "
+        "figures are in section 5 (On a GPU) and section 10, each with its card.",
         "",
         *summary(cost, parts, found),
         "",
@@ -124,6 +137,9 @@ def main(argv=None):
     if (results / "lora_sync_after.json").exists():
         before, after = (json.loads((results / f"lora_sync_{side}.json").read_text()) for side in ("before", "after"))
         document += [*lora_sync_section(before, after, 9), ""]
+    cuda_tests = results / "cuda_tests.json"
+    cuda_tests = json.loads(cuda_tests.read_text()) if cuda_tests.exists() else None
+    document += [*gpu_actor_section(gpu_actor_documents(results), 10, cuda_tests), ""]
     Path(options.output).write_text("\n".join(document))
     print(f"wrote {options.output} and the plots in {results}")
 

@@ -3,7 +3,10 @@
 # (benchmarks/results/learning_study.{json,md,png}, section 2 of RESULTS.md). Run from anywhere; builds .venv
 # first if needed. Leave the machine otherwise idle: the figures are wall times. Parts run alone, on 2 CPU cores:
 #   step cost + selection + memory + forward: about 40 minutes (bench_forward.py: 15, measured 2026-11-25);
-#   on a GPU machine, separately: PYTHONPATH=$PWD python benchmarks/bench_forward_gpu.py (torch + transformers);
+#   on a GPU machine, separately (torch, transformers, deepspeed, flash-attn, openrlhf; about 4 minutes on an H200,
+#   2026-11-26): PYTHONPATH=$PWD python benchmarks/bench_forward_gpu.py, then bench_actor_gpu.py and
+#   bench_actor_gpu.py --shapes qwen2.5-1.5b qwen2.5-7b --checkpointing --repeats 3 --json
+#   benchmarks/results/actor_gpu_full_depth.json, and pytest -m cuda tests/core tests/cuda;
 #   the study (bench_learning.py): 72 minutes measured on 2026-11-25 (SFT 4, --parts pods 24, --parts d3s 44);
 #   the generation level's study (bench_learning.py --parts screen): about 100 minutes (SFT 5-19, 27-33 a seed);
 #   bench_evaluate.py: about 3 minutes (2026-11-25);

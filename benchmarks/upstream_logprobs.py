@@ -6,19 +6,68 @@ OpenRLHF 0.11.2's ``log_probs_from_logits`` takes, for fp32 logits (B, S, V):
 * otherwise a torch fallback: ``gather`` minus ``logsumexp`` over chunks of 1024 rows, whose backward builds the
   softmax and its gradient through autograd.
 
-``TritonCrossEntropyProfile`` is the first one's memory profile on any device (no Triton needed): the benchmarks
-compare against it, the cheaper of the two, so that "below upstream" means below its fastest path.
+``TritonCrossEntropyProfile`` is the first one's memory profile on any device (no Triton needed): the CPU
+benchmarks compare against it, the cheaper of the two, so that "below upstream" means below its fastest path.
 ``install_triton_profile`` makes upstream's own ``log_probs_from_logits`` find it where it looks for flash-attn's
 kernel, so that OpenRLHF's ``Actor.forward`` runs with that profile.
+
+The GPU benchmarks run upstream's own code instead: ``upstream_path`` says which of the two paths it takes on a
+device, and ``torch_fallback`` makes it take the second one (on a CPU, where the Triton kernel, if it imports,
+refuses CPU tensors).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import sys
 import types
+from typing import Optional
 
 import torch
+
+TRITON_MODULE = "flash_attn.ops.triton.cross_entropy"
+"""Where upstream's ``log_probs_from_logits`` imports flash-attn's Triton cross-entropy from."""
+
+
+def triton_import_error() -> Optional[str]:
+    """None where flash-attn's Triton cross-entropy imports, else why not."""
+    try:
+        importlib.import_module(TRITON_MODULE)
+    except Exception as error:  # ImportError, or a flash-attn build that fails on import
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
+def upstream_path(device) -> str:
+    """The log-prob path upstream's ``log_probs_from_logits`` takes for fp32 logits on ``device`` (under
+    :func:`torch_fallback` where that is not the Triton kernel)."""
+    if torch.device(device).type != "cuda":
+        return "torch fallback (not CUDA: flash-attn's Triton kernel runs on CUDA tensors only)"
+    error = triton_import_error()
+    return "flash-attn Triton cross-entropy" if error is None else f"torch fallback (flash-attn's kernel: {error})"
+
+
+@contextlib.contextmanager
+def _module_as(name, module):
+    """Within the block ``import name`` yields ``module`` (None: raises ImportError); a module in sys.modules is
+    imported without its parents."""
+    missing = object()
+    saved = sys.modules.get(name, missing)
+    sys.modules[name] = module
+    try:
+        yield
+    finally:
+        if saved is missing:
+            sys.modules.pop(name, None)
+        else:
+            sys.modules[name] = saved
+
+
+def torch_fallback():
+    """Within the block upstream's ``log_probs_from_logits`` takes its torch fallback (its import of flash-attn's
+    kernel raises ImportError)."""
+    return _module_as(TRITON_MODULE, None)
 
 
 def _rowwise_logsumexp(logits: torch.Tensor, rows: int = 1024) -> torch.Tensor:
@@ -51,28 +100,7 @@ def triton_cross_entropy_profile(logits, labels):
     return losses, torch.zeros_like(losses)
 
 
-@contextlib.contextmanager
 def install_triton_profile():
     """Within the block ``from flash_attn.ops.triton.cross_entropy import cross_entropy_loss`` (upstream's import
     in ``log_probs_from_logits``) yields :func:`triton_cross_entropy_profile`."""
-    name = "flash_attn.ops.triton.cross_entropy"  # a module in sys.modules is imported without its parents
-    saved = sys.modules.get(name)
-    sys.modules[name] = types.SimpleNamespace(cross_entropy_loss=triton_cross_entropy_profile)
-    try:
-        yield
-    finally:
-        if saved is None:
-            sys.modules.pop(name, None)
-        else:
-            sys.modules[name] = saved
-
-
-def upstream_log_probs(logits: torch.Tensor, labels: torch.Tensor, temperature: float, triton: bool) -> torch.Tensor:
-    """OpenRLHF's ``Actor.forward`` arithmetic from the head's output: fp32 cast, / temperature in place, log-probs
-    of ``labels`` by the Triton profile or the torch fallback. logits (N, V), labels (N,) -> (N,)."""
-    logits = logits.to(torch.float32)
-    if temperature != 1.0:
-        logits = logits.div_(temperature)
-    if triton:
-        return -TritonCrossEntropyProfile.apply(logits, labels)
-    return logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - _rowwise_logsumexp(logits)
+    return _module_as(TRITON_MODULE, types.SimpleNamespace(cross_entropy_loss=triton_cross_entropy_profile))

@@ -1,7 +1,7 @@
 """Shared fixtures. ``toy_sft``: the SFT warm start of the toy model, once per session (every real Ray run of the
 suite, end-to-end and launch-script smoke, starts from it). ``peak_memory``: peak CPU memory allocated while a
 function runs, from torch's own allocator events (``benchmarks/memory_probe.py``, the benchmarks' probe).
-``device`` and ``generator_device``: every device a test runs on (CUDA skipped where there is none).
+``device`` and ``generator_device``: every device a test runs on (CUDA marked ``cuda``, skipped where there is none).
 """
 
 import sys
@@ -31,7 +31,9 @@ def peak_memory():
     return peak_allocated_bytes
 
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
+# the CUDA cases carry the ``cuda`` marker: ``pytest -m cuda tests/core tests/cuda`` runs them all on a GPU machine
+NEEDS_CUDA = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+DEVICES = ["cpu", pytest.param("cuda", marks=NEEDS_CUDA)]
 
 
 @pytest.fixture(params=DEVICES)

@@ -2,7 +2,8 @@
 # The test command of the README: builds the CPU environment from nothing (examples/cpu/setup_env.sh,
 # idempotent) and runs the whole suite: the pure core, the OpenRLHF integration, the examples and the
 # end-to-end runs of the real Ray pipeline, after the linter (ruff.toml). Extra arguments go to pytest (e.g.
-# `-m "not e2e"`).
+# `-m "not e2e"`). On a GPU machine (no Ray or vLLM needed), `pytest -m cuda tests/core tests/cuda` runs the CUDA
+# tests, which this CPU suite collects and skips.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"

@@ -309,32 +309,6 @@ def forward_section(forward):
     return lines
 
 
-def gpu_forward_section(forward_gpu):
-    """The same comparison on a GPU (bench_forward_gpu.py), or how to get it where it has not run."""
-    lines = ["### On a GPU", ""]
-    command = "`PYTHONPATH=$PWD python benchmarks/bench_forward_gpu.py` (torch and transformers only)"
-    if forward_gpu is None:
-        return lines + [
-            "Not run yet: no GPU has been lent to this project's tasks, neither when the forwards changed (issue #24) "
-            "nor for their pass-count work (issue #30), so the kernel's GPU block budget (a quarter of the free "
-            f"memory) is as first set, unmeasured. {command} writes "
-            "`benchmarks/results/forward_gpu.json` and its table (Qwen2.5-7B's vocabulary and hidden size, bf16, "
-            "T = 1k to 8k, K = 0.05, 0.2, 1, KL loss off and on), which `report.py` then puts here."
-        ]
-    lines += [f"Command: {command} ({forward_gpu['date']}, {forward_gpu['machine']}; {forward_gpu['model']}).", ""]
-    lines += ["| T | KL loss | variant | peak MiB | × triton | ms | × triton |", "|---:|---|---|---:|---:|---:|---:|"]
-    for row in forward_gpu["rows"]:
-        for kl, cells in row["training"].items():
-            base = cells["upstream triton"]
-            for name, cell in cells.items():
-                lines.append(
-                    f"| {row['tokens']:,} | {kl} | {name} | {cell['peak_mib']:,.0f} | "
-                    f"{cell['peak_mib'] / base['peak_mib']:.2f} | {cell['seconds'] * 1e3:.1f} | "
-                    f"{cell['seconds'] / base['seconds']:.2f} |"
-                )
-    return lines
-
-
 def evaluate_section(evaluate, number):
     """The evaluator's generation loop against a bare vLLM generate (bench_evaluate.py)."""
     median, tps = evaluate["median_seconds"], evaluate["tokens_per_second"]

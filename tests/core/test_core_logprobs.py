@@ -300,6 +300,7 @@ def test_the_entropy_is_the_exact_one_of_the_logits():
     assert (upstream_entropy(logits).double() - exact).abs().max() < 1e-3
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_the_gpu_budget_grows_with_the_free_memory():
     free, _ = torch.cuda.mem_get_info()
@@ -307,6 +308,7 @@ def test_the_gpu_budget_grows_with_the_free_memory():
     assert default_chunk_size(151_936, chunk_budget_bytes("cuda")) >= 1000 or free < 16 << 30
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("vocab", [151_936, 1000])

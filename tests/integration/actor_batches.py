@@ -54,7 +54,9 @@ def load_actor(model_dir, **kwargs):
 
 def make_experience(actor, seed, rows=4, pg="random"):
     """A batch as the experience maker hands it over: right-padded responses, old/ref log-probs near the current
-    policy's, per-token advantages, and (unless pg is None) the token mask as (rows, WIDTH + 2) bool rows."""
+    policy's, per-token advantages, and (unless pg is None) the token mask as (rows, WIDTH + 2) bool rows. Drawn
+    on the CPU (the same batch on every device), it lives on the actor's device: upstream's forward there takes
+    that device's path (on CUDA with flash-attn, its Triton cross-entropy, which refuses CPU tensors)."""
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(2, WIDTH + 1, (rows,), generator=g)
     lengths[0] = WIDTH
@@ -64,10 +66,13 @@ def make_experience(actor, seed, rows=4, pg="random"):
         attention_mask[i, : PROMPT + n] = 1
         sequences[i, PROMPT + n :] = VOCAB - 2
     action_mask = torch.arange(WIDTH)[None, :] < lengths[:, None]
+    device = next(actor.parameters()).device
+    sequences, attention_mask, action_mask = (t.to(device) for t in (sequences, attention_mask, action_mask))
     with torch.no_grad():
         current = actor(sequences, action_mask, attention_mask)
-    noise = lambda scale: scale * torch.randn(rows, WIDTH, generator=g) * action_mask  # noqa: E731
-    advantages = (torch.randn(rows, 1, generator=g) + 0.2 * torch.randn(rows, WIDTH, generator=g)) * action_mask
+    noise = lambda scale: scale * torch.randn(rows, WIDTH, generator=g).to(device) * action_mask  # noqa: E731
+    advantages = torch.randn(rows, 1, generator=g) + 0.2 * torch.randn(rows, WIDTH, generator=g)
+    advantages = advantages.to(device) * action_mask
     info = {}
     if pg is not None:
         wide = torch.zeros(rows, WIDTH + 2, dtype=torch.bool)
@@ -76,10 +81,10 @@ def make_experience(actor, seed, rows=4, pg="random"):
         elif pg == "none":
             pass  # no kept token at all (e.g. every advantage of the batch is 0)
         else:
-            wide[:, :WIDTH] = (torch.rand(rows, WIDTH, generator=g) < 0.5) & action_mask
+            wide[:, :WIDTH] = (torch.rand(rows, WIDTH, generator=g) < 0.5) & action_mask.cpu()
             wide[1] = False  # a sequence with no kept token
             wide[0, 0] = True
-        info[PG_MASK_KEY] = wide
+        info[PG_MASK_KEY] = wide.to(device)
     return Experience(
         sequences=sequences,
         attention_mask=attention_mask,
@@ -87,8 +92,8 @@ def make_experience(actor, seed, rows=4, pg="random"):
         action_log_probs=current + noise(0.05),
         base_action_log_probs=current + noise(0.1),
         advantages=advantages,
-        response_length=lengths.float(),
-        total_length=(PROMPT + lengths).float(),
+        response_length=lengths.float().to(device),
+        total_length=(PROMPT + lengths).float().to(device),
         info=info,
     )
 

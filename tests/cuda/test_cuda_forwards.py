@@ -1,0 +1,125 @@
+"""The chunked-logits forwards on CUDA against OpenRLHF's own GPU path, values and gradients: ``training_forward``
+and the experience forward against ``Actor.forward``, the kernel against upstream's ``log_probs_from_logits``.
+Every batch is built on the device it is compared on, so upstream takes its CUDA path: flash-attn's Triton
+cross-entropy where it imports (every GPU install of OpenRLHF), else its torch fallback; the kernel test runs both.
+
+    pytest -m cuda tests/core tests/cuda      # on a GPU machine: torch, transformers, deepspeed, openrlhf
+
+Skipped without CUDA. Needs no Ray and no vLLM."""
+
+import contextlib
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from actor_batches import load_actor, make_experience, upstream_action_entropy
+from openrlhf.models import Actor
+from openrlhf.models.utils import log_probs_from_logits
+
+from d3s_openrlhf.core.logprobs import chunked_logprobs_entropy
+from d3s_openrlhf.integration.experience_forward import chunked_logits_log_probs
+from d3s_openrlhf.integration.training_forward import training_forward
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+from upstream_logprobs import torch_fallback, triton_import_error  # noqa: E402
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+# (values, gradients) tolerance per dtype: bf16 weights and activations round both sides alike
+TOL = {torch.float32: dict(rtol=1e-4, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
+DTYPES = pytest.mark.parametrize("dtype", list(TOL), ids=["fp32", "bf16"])
+PACKING = pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
+UPSTREAM_PATHS = pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param(
+            "triton",
+            marks=pytest.mark.skipif(
+                triton_import_error() is not None,
+                reason=f"needs flash-attn's Triton cross-entropy (pip install flash-attn): {triton_import_error()}",
+            ),
+        ),
+        "torch",
+    ],
+)
+
+
+def cuda_actor(model_dir, dtype, **kwargs):
+    actor = load_actor(model_dir, **kwargs)
+    actor.model.to("cuda", dtype)
+    return actor
+
+
+@DTYPES
+@PACKING
+def test_training_forward_equals_upstreams(model_dir, dtype, packing):
+    actor = cuda_actor(model_dir, dtype, temperature=0.7, packing_samples=packing)
+    e = make_experience(actor, seed=8, pg=None)
+    assert e.sequences.is_cuda
+    results = []
+    for forward in (Actor.forward, training_forward):
+        actor.zero_grad(set_to_none=True)
+        log_probs = forward(actor, e.sequences, e.action_mask, e.attention_mask)
+        (log_probs * e.action_mask).sum().backward()
+        results.append((log_probs.detach(), [p.grad.clone() for p in actor.parameters()]))
+    (expected, expected_grads), (got, got_grads) = results
+    torch.testing.assert_close(got, expected, **TOL[dtype])
+    for grad, expected_grad in zip(got_grads, expected_grads):
+        torch.testing.assert_close(grad, expected_grad, **TOL[dtype])
+
+
+@DTYPES
+def test_training_forward_at_the_kept_tokens_equals_upstreams_there(model_dir, dtype):
+    actor = cuda_actor(model_dir, dtype, temperature=0.6)
+    e = make_experience(actor, seed=9, rows=5, pg="random")
+    kept = e.action_mask & (torch.arange(e.action_mask.shape[1], device="cuda") % 2 == 0)
+    expected = Actor.forward(actor, e.sequences, e.action_mask, e.attention_mask)
+    (expected_grad,) = torch.autograd.grad((expected * e.advantages * kept).sum(), actor.model.lm_head.weight)
+    got = training_forward(
+        actor, e.sequences, e.action_mask, e.attention_mask, log_prob_mask=kept, fill_log_probs=e.action_log_probs
+    )
+    (grad,) = torch.autograd.grad((got * e.advantages * kept).sum(), actor.model.lm_head.weight)
+    torch.testing.assert_close(got[kept], expected[kept].detach(), **TOL[dtype])
+    torch.testing.assert_close(got[~kept], (e.action_log_probs * e.action_mask)[~kept].float())
+    torch.testing.assert_close(grad, expected_grad, **TOL[dtype])
+
+
+@DTYPES
+@PACKING
+def test_experience_forward_equals_upstreams_log_probs_and_entropy(model_dir, dtype, packing):
+    actor = cuda_actor(model_dir, dtype, temperature=0.6, packing_samples=packing)
+    e = make_experience(actor, seed=41, rows=5, pg=None)
+    e.action_mask[3] = False  # a rollout without action tokens (an empty response)
+    with torch.no_grad():
+        expected = actor(e.sequences, e.action_mask, e.attention_mask)
+        log_probs, entropy = chunked_logits_log_probs(
+            actor, e.sequences, e.action_mask, e.attention_mask, with_entropy=True
+        )
+    torch.testing.assert_close(log_probs, expected, **TOL[dtype])
+    torch.testing.assert_close(entropy, upstream_action_entropy(actor, e), **TOL[dtype])
+
+
+@UPSTREAM_PATHS
+@pytest.mark.parametrize("dtype", list(TOL), ids=["fp32", "bf16"])
+@pytest.mark.parametrize("rows, hidden_size, vocab", [(1, 64, 151_936), (37, 96, 50_257), (1000, 128, 3001)])
+def test_the_kernel_equals_upstreams_log_probs_from_logits(path, dtype, rows, hidden_size, vocab):
+    """Upstream's log-probs as ``Actor.forward`` forms them (head in the model's dtype, fp32 cast, / temperature,
+    ``log_probs_from_logits``), on its Triton path and its torch fallback; gradients of the hidden states and the
+    head compared too."""
+    g = torch.Generator().manual_seed(rows)
+    hidden = torch.randn(rows, hidden_size, generator=g).to("cuda", dtype).requires_grad_()
+    weight = (torch.randn(vocab, hidden_size, generator=g) / hidden_size**0.5 * 3).to("cuda", dtype)
+    weight.requires_grad_()
+    targets = torch.randint(0, vocab, (rows,), generator=g).cuda()
+    advantages = torch.randn(rows, generator=g).cuda()
+    logits = torch.nn.functional.linear(hidden, weight).to(torch.float32).div_(0.6)
+    with torch_fallback() if path == "torch" else contextlib.nullcontext():
+        expected = log_probs_from_logits(logits, targets)
+    expected_grads = torch.autograd.grad((expected * advantages).sum(), (hidden, weight))
+    got, _ = chunked_logprobs_entropy(hidden, weight, targets, temperature=0.6)
+    grads = torch.autograd.grad((got * advantages).sum(), (hidden, weight))
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-4)
+    for grad, expected_grad in zip(grads, expected_grads):
+        torch.testing.assert_close(grad, expected_grad, **TOL[dtype])
