@@ -5,9 +5,10 @@
 
 Writes ``--out``/samples.jsonl (one line per sample, as prompts complete), results.json (pass@k per benchmark and
 their average, per model) and results.md (one row per model, benchmarks as columns). Rerunning the same command
-continues where it stopped; other settings into the same --out are refused. A sample is correct iff its reward
-is >= 1 - 1e-6 (reward 1 correct, 0 wrong, partial credit wrong); a reward that raises or is not finite stops the
-run naming the prompt. See docs/reproducing.md, "Evaluate checkpoints: the papers' table".
+continues where it stopped; other settings into the same --out are refused, and so is data whose rows are not the
+ones its samples answer. A sample is correct iff its reward is >= 1 - 1e-6 (reward 1 correct, 0 wrong, partial
+credit wrong); a reward that raises or is not finite stops the run naming the prompt. See docs/reproducing.md,
+"Evaluate checkpoints: the papers' table".
 """
 
 import argparse
@@ -77,13 +78,14 @@ def parse(argv):
 
 
 def main(argv=None):
-    from d3s_openrlhf.evaluation import inputs
+    from d3s_openrlhf.evaluation import inputs, samples
 
     options = parse(sys.argv[1:] if argv is None else argv)
     try:
         rows = inputs.check_arguments(options)
         reward_func = inputs.load_reward_func(options.reward)
         inputs.claim_output_dir(options.out, inputs.sample_settings(options))
+        complete = samples.resume(options.out, options.n + int(options.greedy), rows)
     except ValueError as error:
         print(f"python -m d3s_openrlhf.cli.evaluate: error: {error}", file=sys.stderr)
         raise SystemExit(2) from error
@@ -92,7 +94,7 @@ def main(argv=None):
     from d3s_openrlhf.evaluation.runner import evaluate
 
     try:
-        evaluate(options, rows, reward_func)
+        evaluate(options, rows, reward_func, complete)
     except EvaluationError as error:
         print(
             f"python -m d3s_openrlhf.cli.evaluate: stopped: {error} (samples so far kept in {options.out})",

@@ -120,6 +120,7 @@ def sample_lines(model: str, request: Request, sampled, greedy, rewards: List[fl
             {
                 "model": model,
                 "index": request.row.index,
+                "row_digest": request.row.digest,
                 "datasource": request.row.datasource,
                 "prompt": request.prompt,
                 "label": request.row.label,

@@ -6,6 +6,7 @@ Every refusal is a ``ValueError`` naming the flag (or the file and line) to chan
 from __future__ import annotations
 
 import glob
+import hashlib
 import importlib.util
 import json
 import os
@@ -44,10 +45,23 @@ class Row:
     datasource: str
     data: dict  # the JSON object of the line (the chat template reads the input key from it)
     label: object
+    digest: str  # row_digest of the row: the row_digest its sample lines carry
 
     @property
     def where(self) -> str:
         return f"{self.file}:{self.line}"
+
+
+def row_digest(prompt, label, datasource: str) -> str:
+    """The hash of what a row puts into its sample lines (the --input_key value, the label, the datasource): a
+    resume checks each stored line against the row now at its index (samples.resume)."""
+    return hashlib.sha256(json.dumps([prompt, label, datasource], sort_keys=True).encode()).hexdigest()
+
+
+def model_key(path: str) -> str:
+    """The one form of a --model path for settings.json, the samples file's lines and the duplicate check: ``ckpt``,
+    ``ckpt/`` and ``./ckpt`` are one model."""
+    return os.path.abspath(path)
 
 
 def read_rows(files: Sequence[str], input_key: str, label_key: str) -> List[Row]:
@@ -73,7 +87,8 @@ def read_rows(files: Sequence[str], input_key: str, label_key: str) -> List[Row]
                             f"--data {path} line {number}: no {key!r} key ({flag} {key}); the line has {sorted(data)}"
                         )
                 datasource = str(data.get("datasource", DEFAULT_DATASOURCE))
-                rows.append(Row(len(rows), path, number, datasource, data, data[label_key]))
+                digest = row_digest(data[input_key], data[label_key], datasource)
+                rows.append(Row(len(rows), path, number, datasource, data, data[label_key], digest))
         if len(rows) == before:
             raise ValueError(f"--data {path}: empty data file (no prompt in it)")
     return rows
@@ -116,8 +131,10 @@ def check_arguments(options) -> List[Row]:
         raise ValueError(f"--top_p {options.top_p}: must be in (0, 1]")
     if options.temperature < 0:
         raise ValueError(f"--temperature {options.temperature}: must be >= 0")
-    if len(set(options.model)) != len(options.model):
-        raise ValueError("--model: a model is given twice")
+    keys = [model_key(path) for path in options.model]
+    for later, key in enumerate(keys):
+        if key in keys[:later]:
+            raise ValueError(f"--model: {options.model[later]} is {options.model[keys.index(key)]} again")
     for path in options.model:
         check_model_dir(path)
     if not os.path.isfile(options.reward):
@@ -128,7 +145,7 @@ def check_arguments(options) -> List[Row]:
 def sample_settings(options) -> Dict:
     """The flags that decide the samples, paths made absolute."""
     values = {name: getattr(options, name) for name in SAMPLE_FLAGS}
-    values["model"] = [os.path.abspath(p) for p in options.model]
+    values["model"] = [model_key(p) for p in options.model]
     values["data"] = [os.path.abspath(p) for p in options.data]
     values["reward"] = os.path.abspath(options.reward)
     return values

@@ -10,7 +10,7 @@ from d3s_openrlhf.core.pass_at_k import check_ks
 from d3s_openrlhf.evaluation import results as results_module
 from d3s_openrlhf.evaluation import samples as samples_module
 from d3s_openrlhf.evaluation.generate import Request, Sampling, generate_and_score, start_engines, stop_engines
-from d3s_openrlhf.evaluation.inputs import Row
+from d3s_openrlhf.evaluation.inputs import Row, model_key
 
 
 def start_ray(num_gpus: int) -> bool:
@@ -59,23 +59,23 @@ def build_requests(model: str, rows: Sequence[Row], options) -> tuple:
     return tokenizer, requests
 
 
-def evaluate(options, rows: Sequence[Row], reward_func, progress=True) -> Dict:
-    """Run (or continue) the evaluation into ``options.out``; returns the results document."""
+def evaluate(options, rows: Sequence[Row], reward_func, complete: Dict, progress=True) -> Dict:
+    """Run (or continue) the evaluation into ``options.out``, whose complete prompts ``complete``
+    (``samples.resume``) are kept; returns the results document."""
     import torch
     from tqdm import tqdm
 
     sampling = Sampling(
         options.n, options.temperature, options.top_p, options.max_new_tokens, options.seed, options.greedy
     )
-    per_prompt = options.n + int(options.greedy)
     path = os.path.join(options.out, samples_module.SAMPLES_FILE)
-    complete = samples_module.read_complete(path, per_prompt)
     gpus = options.num_engines * options.tensor_parallel_size
     started = False
     try:
         with open(path, "a") as samples_file:
             for model in options.model:
-                pending = [row for row in rows if (model, row.index) not in complete]
+                key = model_key(model)
+                pending = [row for row in rows if (key, row.index) not in complete]
                 if pending:
                     tokenizer, requests = build_requests(model, pending, options)
                     started = start_ray(gpus) or started
@@ -92,13 +92,13 @@ def evaluate(options, rows: Sequence[Row], reward_func, progress=True) -> Dict:
                         disable=not progress,
                     )
 
-                    def on_prompt(lines, model=model, bar=bar):
+                    def on_prompt(lines, key=key, bar=bar):
                         samples_module.append_prompt(samples_file, lines)
-                        complete[(model, lines[0]["index"])] = lines
+                        complete[(key, lines[0]["index"])] = lines
                         bar.update(1)
 
                     try:
-                        generate_and_score(engines, requests, sampling, reward_func, tokenizer, model, on_prompt)
+                        generate_and_score(engines, requests, sampling, reward_func, tokenizer, key, on_prompt)
                     finally:
                         bar.close()
                         stop_engines(engines, group)
@@ -112,7 +112,7 @@ def evaluate(options, rows: Sequence[Row], reward_func, progress=True) -> Dict:
     ks = check_ks(options.k, options.n)
     blocks = {
         model: results_module.model_block(
-            [line for (m, _), lines in complete.items() if m == model for line in lines], ks, datasources
+            [line for (m, _), lines in complete.items() if m == model_key(model) for line in lines], ks, datasources
         )
         for model in options.model
     }

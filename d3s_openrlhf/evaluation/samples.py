@@ -2,16 +2,17 @@
 prompt is complete (all its samples generated and scored), so that an interrupted run loses at most the prompts in
 flight and a rerun continues with the prompts not yet complete.
 
-A line: ``model`` (the path as given), ``index`` (the prompt's position over all data files), ``datasource``,
-``prompt`` (the text the model was given), ``label``, ``sample`` (0 .. n-1; n for the greedy sample), ``greedy``,
-``response``, ``response_tokens``, ``reward``, ``finish_reason``.
+A line: ``model`` (its absolute path, ``inputs.model_key``), ``index`` (the prompt's position over all data files),
+``row_digest`` (``inputs.row_digest`` of the row it answers), ``datasource``, ``prompt`` (the text the model was
+given), ``label``, ``sample`` (0 .. n-1; n for the greedy sample), ``greedy``, ``response``, ``response_tokens``,
+``reward``, ``finish_reason``.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from typing import Dict, List, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 SAMPLES_FILE = "samples.jsonl"
 
@@ -50,3 +51,30 @@ def append_prompt(file, lines: List[dict]) -> None:
     """Append one complete prompt's lines in one write, then flush (a kill leaves them whole or cut at the end)."""
     file.write("".join(json.dumps(line) + "\n" for line in lines))
     file.flush()
+
+
+def resume(out: str, per_prompt: int, rows: Sequence) -> Dict[Key, List[dict]]:
+    """The complete prompts of ``out``'s samples file (``read_complete``), each checked against the row now at its
+    index (``rows``: ``inputs.Row``): a data file regenerated in place, reordered, cut or with other rows would
+    otherwise have its old samples reported under the new rows. Refuses the first differing index."""
+    path = os.path.join(out, SAMPLES_FILE)
+    complete = read_complete(path, per_prompt)
+    redo = f"give another --out, or delete {path} to generate them again"
+    for (_, index), lines in sorted(complete.items(), key=lambda item: item[0][1]):
+        digests = {line.get("row_digest") for line in lines}
+        if None in digests:
+            raise ValueError(
+                f"{path}: samples without row_digest (written before the evaluator checked them against --data), "
+                f"so they cannot be matched to the data's rows: {redo}"
+            )
+        if index >= len(rows):
+            raise ValueError(
+                f"{path}: samples at index {index}, but --data has {len(rows)} prompts now (the data changed since "
+                f"they were generated): {redo}"
+            )
+        if digests != {rows[index].digest}:
+            raise ValueError(
+                f"{path}: the samples at index {index} were generated for another row than {rows[index].where} "
+                f"holds now (its prompt, label or datasource differs): {redo}"
+            )
+    return complete

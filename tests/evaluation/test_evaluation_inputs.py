@@ -2,6 +2,7 @@
 the line to change."""
 
 import json
+import os
 import shutil
 
 import pytest
@@ -74,6 +75,16 @@ def test_model_dir_without_weights(eval_inputs, eval_argv, tmp_path, no_model_lo
     err = refusal(eval_argv(tmp_path / "out") + ["--model", str(model)], capsys)
     expected = "no weights in the directory" if weights == "none" else "not a directory"
     assert f"--model {model}: {expected}" in err
+
+
+@pytest.mark.parametrize("twice", ["model/", "./model", "{abs}"])
+def test_a_model_given_twice_however_spelt_is_refused(
+    eval_inputs, eval_argv, tmp_path, no_model_load, capsys, monkeypatch, twice
+):
+    monkeypatch.chdir(os.path.dirname(eval_inputs["model"]))
+    twice = twice.format(abs=eval_inputs["model"])
+    err = refusal(eval_argv(tmp_path / "out") + ["--model", "model", twice], capsys)
+    assert f"--model: {twice} is model again" in err
 
 
 def test_other_settings_are_refused(eval_inputs, eval_argv, tmp_path, no_model_load, capsys):

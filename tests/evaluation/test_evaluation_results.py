@@ -114,7 +114,7 @@ class _Tokenizer:
 
 
 def _request():
-    row = Row(index=5, file="data.jsonl", line=6, datasource="a", data={}, label="3")
+    row = Row(index=5, file="data.jsonl", line=6, datasource="a", data={}, label="3", digest="d")
     return generate.Request(row, "1+2=", [1, 2])
 
 

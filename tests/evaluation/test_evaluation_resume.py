@@ -1,0 +1,149 @@
+"""A rerun into the same --out keeps only samples that answer the data's rows as they are now, and a model is one
+model however its path is spelt. Generation is faked (no Ray, no vLLM): a prompt's n samples are prefixes of its
+prompt tokens, scored with the test reward, written through the evaluator's own sample lines."""
+
+import json
+import os
+import re
+from types import SimpleNamespace
+
+import pytest
+
+from d3s_openrlhf.cli import evaluate as cli
+from d3s_openrlhf.evaluation import generate, runner
+from d3s_openrlhf.tasks import addition
+
+N = 4  # eval_argv's --n
+
+
+@pytest.fixture
+def generated(monkeypatch):
+    """The (model, index) of each prompt the evaluation generates, in order; Ray and the engines faked."""
+    calls = []
+
+    def generate_and_score(engines, requests, sampling, reward_func, tokenizer, model, on_prompt):
+        for request in requests:
+            calls.append((model, request.row.index))
+            outputs = [SimpleNamespace(token_ids=request.token_ids[: j + 1], finish_reason="stop") for j in range(N)]
+            rewards = generate.score(request, outputs, reward_func, tokenizer)
+            on_prompt(generate.sample_lines(model, request, SimpleNamespace(outputs=outputs), None, rewards, tokenizer))
+
+    monkeypatch.setattr(runner, "start_ray", lambda gpus: False)
+    monkeypatch.setattr(runner, "start_engines", lambda *args: (None, None))
+    monkeypatch.setattr(runner, "stop_engines", lambda engines, group: None)
+    monkeypatch.setattr(runner, "generate_and_score", generate_and_score)
+    return calls
+
+
+def write_rows(path, rows):
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def refusal(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
+def swap(rows, i, j):
+    rows[i], rows[j] = rows[j], rows[i]
+
+
+def edit(key, value, at):
+    def change(rows):
+        rows[at] = {**rows[at], key: value}
+
+    return change
+
+
+def cut(at):
+    def change(rows):
+        del rows[at:]
+
+    return change
+
+
+OTHER_PROMPT = addition.make_examples("rl", 1, 0)[0]["prompt"]
+
+
+@pytest.mark.parametrize(
+    "change, first_differing",
+    [
+        pytest.param(lambda rows: swap(rows, 3, 4), 3, id="reordered"),
+        pytest.param(lambda rows: rows.reverse(), 0, id="reversed"),
+        pytest.param(edit("prompt", OTHER_PROMPT, 7), 7, id="other_prompt"),
+        pytest.param(edit("label", "-1", 5), 5, id="other_label"),
+        pytest.param(edit("datasource", "other", 2), 2, id="other_datasource"),
+        pytest.param(lambda rows: rows.pop(9), 9, id="row_removed"),
+        pytest.param(cut(10), 10, id="cut"),
+    ],
+)
+def test_data_regenerated_in_place_is_refused_naming_the_first_differing_index(
+    eval_inputs, eval_argv, generated, tmp_path, capsys, change, first_differing
+):
+    data, out = tmp_path / "data.jsonl", tmp_path / "out"
+    rows = [dict(row) for row in eval_inputs["rows"]]
+    write_rows(data, rows)
+    argv = eval_argv(out) + ["--data", str(data)]
+    cli.main(argv)
+    assert len(generated) == len(rows)
+    kept = (out / "samples.jsonl").read_text()
+
+    change(rows)
+    write_rows(data, rows)
+    err = refusal(argv, capsys)
+    assert re.search(rf"samples at index {first_differing}\b", err)
+    assert f"give another --out, or delete {out / 'samples.jsonl'}" in err
+    assert len(generated) == len(eval_inputs["rows"]) and (out / "samples.jsonl").read_text() == kept
+
+
+def test_rows_appended_to_the_data_are_generated_and_the_others_kept(eval_inputs, eval_argv, generated, tmp_path):
+    data, out = tmp_path / "data.jsonl", tmp_path / "out"
+    rows = [dict(row) for row in eval_inputs["rows"]]
+    write_rows(data, rows)
+    argv = eval_argv(out) + ["--data", str(data)]
+    cli.main(argv)
+    more = [
+        {"prompt": e["prompt"], "label": e["answer"], "datasource": "more"} for e in addition.make_examples("rl", 3, 0)
+    ]
+    write_rows(data, rows + more)
+    cli.main(argv)
+    assert [index for _, index in generated] == list(range(len(rows) + len(more)))
+    document = json.loads((out / "results.json").read_text())
+    assert {source: block["prompts"] for source, block in document["benchmarks"].items()} == {
+        "even": 6,
+        "odd": 6,
+        "more": 3,
+    }
+
+
+def test_samples_without_row_digest_are_refused(eval_inputs, eval_argv, generated, tmp_path, capsys, read_samples):
+    out = tmp_path / "out"
+    cli.main(eval_argv(out))
+    # what the evaluator wrote before it checked the samples against the data
+    lines = [{key: value for key, value in line.items() if key != "row_digest"} for line in read_samples(out)]
+    (out / "samples.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    err = refusal(eval_argv(out), capsys)
+    assert "samples without row_digest" in err and f"delete {out / 'samples.jsonl'} to generate them again" in err
+    assert len(generated) == len(eval_inputs["rows"])
+
+
+@pytest.mark.parametrize(
+    "first, second",
+    [("model", "model/"), ("./model", "{abs}"), ("{abs}/", "model"), ("model", "../{name}/model")],
+)
+def test_a_model_is_one_model_however_its_path_is_spelt(
+    eval_inputs, eval_argv, generated, tmp_path, monkeypatch, read_samples, first, second
+):
+    model = eval_inputs["model"]
+    monkeypatch.chdir(os.path.dirname(model))
+    spell = {"abs": model, "name": os.path.basename(os.path.dirname(model))}
+    out = tmp_path / "out"
+    cli.main(eval_argv(out) + ["--model", first.format(**spell)])
+    document = json.loads((out / "results.json").read_text())
+    cli.main(eval_argv(out) + ["--model", second.format(**spell)])
+    assert generated == [(model, index) for index in range(len(eval_inputs["rows"]))], "nothing generated again"
+    assert len(read_samples(out)) == len(eval_inputs["rows"]) * N
+    assert {line["model"] for line in read_samples(out)} == {model}
+    assert json.loads((out / "results.json").read_text()) == document
