@@ -174,8 +174,9 @@ class D3SConfig:
     )
     seed: int = _option(
         42,
-        "seed of the random tie-breaking and of the random rule; combined with the training step so every "
-        "step's choice is reproducible, also after a resume",
+        "seed of the random tie-breaking and of the random rule, combined with the training step so every "
+        "step's choice is reproducible, also after a resume; and of the skip and audit decisions of the generation "
+        "level, keyed by batch and prompt",
         int,
     )
     prompt_skip: str = _option(

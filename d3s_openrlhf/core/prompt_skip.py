@@ -27,18 +27,19 @@ own history and skips them before generation. Our policy (the design and its rea
   candidate leaves the base alone: skipping could not have changed its share (the first pass over the data, where
   the old global probability fell for nothing).
 
-A skipped prompt is not observed (it costs no pilot and no rollout) and keeps its streak. Decisions use one uniform
-draw per candidate from the step's generator (``step_generator(seed, batch)``): reproducible, also after a resume.
-The policy is plain Python and torch's generator; the samples generator of the integration draws prompts through
-it and reports every pilot and group.
+A skipped prompt is not observed (it costs no pilot and no rollout) and keeps its streak. A decision compares q(c)
+with a uniform draw the caller supplies. The samples generator of the integration, which draws prompts through the
+policy and reports every pilot and group, keys that draw by (seed, batch, prompt, the prompt's occurrence in the
+batch) (``core.selection.keyed_uniform``), not by the order of the draws: a prompt drawn in the same batch with the
+same history gets the same decision in a run, its rerun and a resumed run. Which prompts a screened batch draws,
+and so the history, still follows the order in which pilots return (docs/generation.md, Reproducibility). The
+policy is plain Python.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional
-
-import torch
 
 from d3s_openrlhf.core.checks import InvalidOptions, Problem, is_real
 
@@ -107,13 +108,9 @@ class PromptSkipPolicy:
         streak = self.streak(key)
         return 0.0 if streak == 0 else 1.0 - max(self.base**streak, self.floor)
 
-    def skips(self, keys: Iterable[str], generator: torch.Generator) -> List[bool]:
-        """For each prompt key in order: skip it now? One uniform draw per candidate, none for the others."""
-        decisions = []
-        for key in keys:
-            prob = self.skip_probability(key)
-            decisions.append(prob > 0.0 and float(torch.rand((), generator=generator, dtype=torch.float64)) < prob)
-        return decisions
+    def skips(self, key: str, uniform: float) -> bool:
+        """Skip ``key`` now? ``uniform`` is the prompt's draw in [0, 1); a prompt that is no candidate never is."""
+        return uniform < self.skip_probability(key)
 
     def observe(self, key: str, rewards: Iterable[float]) -> bool:
         """Record one observation of ``key`` (a group's or a pilot's rewards); returns whether they were all equal."""

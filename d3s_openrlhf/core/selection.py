@@ -46,6 +46,7 @@ The result does not depend on the thread count.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -351,7 +352,9 @@ _MASK32, _MASK64 = (1 << 32) - 1, (1 << 64) - 1
 
 
 def step_generator(seed: int, step: int) -> torch.Generator:
-    """The generator of one step's random choices: a pure function of (seed, step), so resumes replay them.
+    """The generator of one step's selection (its tie-breaks and the random rule): a pure function of (seed, step),
+    so resumes replay them. It is the selection's alone: the generation level's decisions read
+    :func:`keyed_uniform`, so they neither shift nor mirror the selection's draws.
 
     torch's CPU generator (mt19937) keeps only the low 32 bits of its seed, so (seed, step) are mixed by SplitMix64's
     finaliser and folded to 32 bits: a different seed or step gives different draws (packing seed << 32 | step
@@ -364,3 +367,12 @@ def step_generator(seed: int, step: int) -> torch.Generator:
     generator = torch.Generator()
     generator.manual_seed((x ^ (x >> 32)) & _MASK32)
     return generator
+
+
+def keyed_uniform(seed: int, stream: str, *key) -> float:
+    """A uniform draw in [0, 1) that is a pure function of (seed, stream, key): a decision that reads it is the same
+    whenever and in whatever order it is taken (the generation level's, whose prompts are decided as their pilots
+    return). Distinct streams (``"skip"``, ``"audit"``) and keys draw independently; ``key`` holds ints and strings,
+    e.g. (batch, prompt key, occurrence of the prompt in the batch)."""
+    digest = hashlib.blake2b(repr((int(seed), stream, *key)).encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "little") >> 11) * 2.0**-53  # 53 bits: every float64 draw is exact

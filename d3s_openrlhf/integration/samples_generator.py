@@ -13,7 +13,9 @@ a :class:`PromptStream`:
 * **Screening** (``--d3s.pilot_rollouts k``): :meth:`D3SSamplesGenerator._generate_screened` dispatches pilots of k
   rollouts ahead (``core.screening``), screens out the prompts whose pilot rewards are all equal, and generates the
   other G - k rollouts of the rest. A pilot that passes after its batch is full joins the next batch, one policy
-  update old (as every rollout of async mode is; the actor recomputes the log-probs).
+  update old (as every rollout of async mode is; the actor recomputes the log-probs). Skip and audit decisions are
+  keyed by the draw (``PromptStream.uniform``), not by the order pilots return; how many prompts a batch draws is
+  not (docs/generation.md, Reproducibility).
 * **Dynamic filtering** (``--algo.dynamic_filtering_enable``) with screening: the pilot screens out zero-variance
   groups, then upstream's range applies to the full group, and a group dropped by either draws one replacement
   prompt. Without screening, upstream's loop filters and draws its replacements from the stream. Either way a prompt
@@ -40,7 +42,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Deque, Dict, List, Optional, Tuple
 
@@ -50,7 +52,7 @@ from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
 from tqdm import tqdm
 
 from d3s_openrlhf.core.screening import AcceptanceEstimate, pilot_room, pilots_to_dispatch
-from d3s_openrlhf.core.selection import step_generator
+from d3s_openrlhf.core.selection import keyed_uniform
 from d3s_openrlhf.integration.host import config_from_args, fixed_steps
 
 STATE_KEY = "d3s_generation"
@@ -60,6 +62,7 @@ HISTORY_DIR = "d3s_history"
 """Folder under ``--ckpt.path`` of the history snapshots."""
 
 Item = Tuple  # (datasource, prompt, label, image): one prompt as the dataloader yields it
+DrawKey = Tuple[str, int]  # one draw of a batch: its prompt's key, and how often the batch drew that prompt before
 
 STALL_PASSES = 4
 """A batch that has generated this many passes over the data beyond its B prompts without filling up is stuck (every
@@ -116,30 +119,42 @@ def _reward(response, config) -> float:
 class PromptStream:
     """Training prompts one at a time from the prompt dataloader, without those the skip policy skips, cycling over
     passes without end (fixed steps). Iterating yields upstream's batch tuple of size 1, so upstream's loop can
-    draw from it; :meth:`next_item` yields the item itself.
+    draw from it; :meth:`next_item` yields the item itself with its :data:`DrawKey`.
+
+    Random decisions about a draw (skip it? audit its pilot?) read :meth:`uniform`, keyed by the seed, the batch and
+    the draw: they do not depend on the order in which they are taken (pilots decide as they return).
 
     Args:
         source: the iterator of the current pass (upstream's, which a resumed dataloader continues).
         dataloader: the prompt dataloader, iterated again for each further pass.
+        seed: ``--d3s.seed``, of the decisions' draws.
         policy: the skip policy, or None (no skipping).
         pending: items read but not yet handed on (the rest of a dataloader batch, prompts of a checkpoint).
     """
 
-    def __init__(self, source, dataloader, policy=None, pending=(), passes: int = 0):
+    def __init__(self, source, dataloader, seed: int, policy=None, pending=(), passes: int = 0):
         self.source = source
         self.dataloader = dataloader
+        self.seed = seed
         self.policy = policy
         self.pending: Deque[Item] = deque(tuple(item) for item in pending)
         self.passes = passes  # passes started after the first
-        self.generator = None  # the draws of the batch being drawn (``start_batch``)
+        self.batch = 0  # the index of the batch being drawn (``start_batch``), a key of its draws
+        self.occurrences: Counter = Counter()  # prompt key -> draws of it in the batch being drawn
         self.limit = None  # prompts the batch may hand on before it counts as stuck
         self.drawn = self.skipped = self.candidates = self.handed = 0  # of the batch being drawn
 
-    def start_batch(self, generator: torch.Generator, num_prompts: int) -> None:
-        self.generator = generator
+    def start_batch(self, batch: int, num_prompts: int) -> None:
+        self.batch = batch
+        self.occurrences = Counter()
         dataset = getattr(self.dataloader, "dataset", None)
         self.limit = num_prompts + STALL_PASSES * (len(dataset) if dataset is not None else len(self.dataloader))
         self.drawn = self.skipped = self.candidates = self.handed = 0
+
+    def uniform(self, stream: str, draw_key: DrawKey) -> float:
+        """The draw's uniform in ``stream`` (one per kind of decision): a function of the seed, the batch and the
+        draw (the same prompt drawn twice in a batch draws twice)."""
+        return keyed_uniform(self.seed, stream, self.batch, *draw_key)
 
     def _read(self) -> Item:
         while not self.pending:
@@ -152,14 +167,16 @@ class PromptStream:
                 self.passes += 1
         return self.pending.popleft()
 
-    def next_item(self) -> Item:
+    def next_item(self) -> Tuple[Item, DrawKey]:
         while True:
             item = self._read()
             self.drawn += 1
-            if self.policy is not None:
-                key = _item_key(item)
-                self.candidates += self.policy.is_candidate(key)
-                if self.policy.skips([key], self.generator)[0]:
+            key = _item_key(item)
+            draw_key = (key, self.occurrences[key])
+            self.occurrences[key] += 1
+            if self.policy is not None and self.policy.is_candidate(key):
+                self.candidates += 1
+                if self.policy.skips(key, self.uniform("skip", draw_key)):
                     self.skipped += 1
                     continue
             self.handed += 1
@@ -171,13 +188,13 @@ class PromptStream:
                     "reward function (does it ever give different rewards to one prompt?), widen the range, or turn "
                     "--d3s.pilot_rollouts / dynamic filtering off"
                 )
-            return item
+            return item, draw_key
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        datasource, prompt, label, image = self.next_item()
+        (datasource, prompt, label, image), _ = self.next_item()
         return [datasource], [prompt], [label], [image]
 
 
@@ -216,7 +233,7 @@ class _ScreenedDraw:
     num_prompts: int
     group_size: int
     generate_kwargs: Dict
-    pilots: Dict = field(default_factory=dict)  # ref -> item
+    pilots: Dict = field(default_factory=dict)  # ref -> (item, its draw key)
     rests: Dict = field(default_factory=dict)  # ref -> (item, pilot responses, audited: completed to count a reject)
     accepted: List = field(default_factory=list)  # the experiences of the batch
     started: int = 0  # groups whose rest is dispatched or done, less those dropped by the filter
@@ -234,7 +251,7 @@ class D3SSamplesGenerator(SamplesGenerator):
         self.policy = self.d3s.skip_policy() if self.d3s.skip_enabled else None
         self.acceptance = AcceptanceEstimate()
         self.prompts_dataloader = DataloaderWithGenerationState(self.prompts_dataloader, self)
-        self.batches = 0  # training batches generated: with the seed, the key of each batch's random draws
+        self.batches = 0  # training batches generated: with the seed, a key of each batch's random decisions
         self.steps_served = 0  # training batches handed to the trainer (fixed steps)
         self.stream: Optional[PromptStream] = None
         self._restored: Dict = {"pending": [], "passes": 0}  # the stream's part of a checkpoint
@@ -294,8 +311,10 @@ class D3SSamplesGenerator(SamplesGenerator):
             if fixed_steps(self.d3s, self.args) is None:
                 return super()._generate_vllm(dataloader_iter, num_prompts, dynamic_filtering, **generate_kwargs)
             if self.stream is None:  # upstream's first-pass iterator (a resumed dataloader continues where it was)
-                self.stream = PromptStream(dataloader_iter, self.prompts_dataloader, self.policy, **self._restored)
-            self.stream.start_batch(step_generator(self.d3s.seed, self.batches), num_prompts)
+                self.stream = PromptStream(
+                    dataloader_iter, self.prompts_dataloader, self.d3s.seed, self.policy, **self._restored
+                )
+            self.stream.start_batch(self.batches, num_prompts)
             if self.d3s.screening_enabled:
                 experiences = self._generate_screened(num_prompts, dynamic_filtering, **generate_kwargs)
             else:
@@ -334,7 +353,7 @@ class D3SSamplesGenerator(SamplesGenerator):
                 responses = ray.get(ref)
                 self._counts["d3s/generated_tokens"] += sum(_response_tokens(r) for r in responses)
                 if ref in draw.pilots:
-                    self._pilot_returned(draw, draw.pilots.pop(ref), responses)
+                    self._pilot_returned(draw, *draw.pilots.pop(ref), responses)
                 elif self._rest_returned(draw, *draw.rests.pop(ref), responses, dynamic_filtering):
                     pbar.update()
             self._top_up(draw)
@@ -362,22 +381,22 @@ class D3SSamplesGenerator(SamplesGenerator):
         open_slots = draw.num_prompts - draw.started
         room = pilot_room(open_slots, draw.num_prompts, len(self._carried))
         new = pilots_to_dispatch(open_slots, len(draw.pilots), acceptance, room)
-        items = [self.stream.next_item() for _ in range(new)]
-        if items:
-            _, prompts, labels, images = zip(*items)
+        drawn = [self.stream.next_item() for _ in range(new)]
+        if drawn:
+            _, prompts, labels, images = zip(*(item for item, _ in drawn))
             kwargs = {**draw.generate_kwargs, "n_samples_per_prompt": self.d3s.pilot_rollouts}
             refs = self._dispatch_prompts_to_vllm(list(prompts), list(labels), images=list(images), **kwargs)
-            draw.pilots.update(zip(refs, items))
+            draw.pilots.update(zip(refs, drawn))
 
-    def _pilot_returned(self, draw: _ScreenedDraw, item: Item, responses) -> None:
-        """Screen a returned pilot: out if its rewards are all equal (audited now and then), else its rest is
-        dispatched, or it waits for the next batch if this one is full."""
+    def _pilot_returned(self, draw: _ScreenedDraw, item: Item, draw_key: DrawKey, responses) -> None:
+        """Screen a returned pilot: out if its rewards are all equal (audited by its own draw, whenever it returns),
+        else its rest is dispatched, or it waits for the next batch if this one is full."""
         draw.pilots_done += 1
         rewards = [_reward(response, self.d3s) for response in responses]
         self._observe_pilot(item, rewards)
         if max(rewards) == min(rewards):
             draw.screened += 1
-            if self.d3s.pilot_audit and self._audit_draw() < self.d3s.pilot_audit:
+            if self.d3s.pilot_audit and self.stream.uniform("audit", draw_key) < self.d3s.pilot_audit:
                 self._start_rest(draw, item, responses, audited=True)
         elif draw.started < draw.num_prompts:
             self._start_rest(draw, item, responses)
@@ -401,9 +420,6 @@ class D3SSamplesGenerator(SamplesGenerator):
             return False
         draw.accepted.extend(experiences)
         return True
-
-    def _audit_draw(self) -> float:
-        return float(torch.rand((), generator=self.stream.generator, dtype=torch.float64))
 
     def _observe_pilot(self, item: Item, rewards: List[float]) -> None:
         if self.policy is not None:

@@ -4,13 +4,12 @@ base's adaptation without windup, determinism, state."""
 import math
 
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from d3s_openrlhf.core.config import D3SConfig
 from d3s_openrlhf.core.prompt_skip import BASE_MAX, BASE_MIN, MAX_STREAK, MIN_FLOOR, PromptSkipPolicy, zero_variance
-from d3s_openrlhf.core.selection import step_generator
+from d3s_openrlhf.core.selection import keyed_uniform
 
 
 def test_streaks_count_zero_variance_observations_in_a_row():
@@ -36,24 +35,19 @@ def test_a_prompt_that_becomes_informative_again_comes_back():
     for _ in range(10):
         policy.observe("a", [1.0, 1.0])
     # the floor: generated about one visit in twenty, never never
-    decisions = [policy.skips(["a"], step_generator(0, step))[0] for step in range(1000)]
+    decisions = [policy.skips("a", keyed_uniform(0, "skip", step, "a")) for step in range(1000)]
     assert 20 < decisions.count(False) < 90
     policy.observe("a", [1.0, 0.0])  # the visit that generated it found variance: no longer a candidate
-    assert policy.skips(["a"] * 50, step_generator(0, 0)) == [False] * 50
+    assert not any(policy.skips("a", uniform) for uniform in (0.0, 0.5, 1.0 - 2.0**-53))
 
 
-def test_only_candidates_draw_and_decisions_follow_the_seed():
+def test_a_candidate_is_skipped_when_its_draw_falls_below_its_probability():
     policy = PromptSkipPolicy(base=0.5)
     for key in "ace":
         policy.observe(key, [0.0, 0.0])
-    keys = list("abcdef")
-    first = policy.skips(keys, step_generator(7, 3))
-    assert first == policy.skips(keys, step_generator(7, 3))  # same (seed, step), same choices
-    assert not any(first[i] for i in (1, 3, 5))  # b, d, f were never seen with zero variance
-    draws = torch.rand(3, generator=step_generator(7, 3), dtype=torch.float64)  # one draw per candidate, in order
-    assert [first[i] for i in (0, 2, 4)] == [bool(d < 0.5) for d in draws]
-    across = {tuple(policy.skips(keys, step_generator(seed, 3))) for seed in range(16)}
-    assert len(across) > 1  # the seed matters
+    for key in "ace":  # q = 1 - 0.5
+        assert policy.skips(key, 0.0) and policy.skips(key, 0.4999) and not policy.skips(key, 0.5)
+    assert not any(policy.skips(key, 0.0) for key in "bdf")  # never seen with zero variance: never skipped
 
 
 def test_the_base_adapts_only_after_a_batch_with_candidates():
@@ -103,9 +97,11 @@ def test_state_round_trip_resumes_the_same_decisions():
     policy.adapt(0.9, candidates_drawn=2)
     restored = PromptSkipPolicy()
     restored.load_state_dict(policy.state_dict())
-    keys = list("abcab")
     assert restored.base == policy.base and restored.streaks == policy.streaks
-    assert restored.skips(keys, step_generator(1, 9)) == policy.skips(keys, step_generator(1, 9))
+    uniforms = [keyed_uniform(1, "skip", 9, key) for key in "abc"]
+    assert [restored.skips(k, u) for k, u in zip("abc", uniforms)] == [
+        policy.skips(k, u) for k, u in zip("abc", uniforms)
+    ]
 
 
 def test_bad_parameters_are_reported_together_with_their_requirements():

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from d3s_openrlhf.core.selection import select_rollouts, step_generator
+from d3s_openrlhf.core.selection import keyed_uniform, select_rollouts, step_generator
 
 PROPERTY = settings(max_examples=200, deadline=None)
 SCOPES = ("intra", "cross")
@@ -392,6 +392,27 @@ def test_step_generator_is_a_pure_function_of_seed_and_step():
     draw = lambda seed, step: torch.randperm(64, generator=step_generator(seed, step))  # noqa: E731
     assert torch.equal(draw(42, 7), draw(42, 7))
     assert not torch.equal(draw(42, 7), draw(42, 8)) and not torch.equal(draw(42, 7), draw(43, 7))
+
+
+def test_keyed_uniforms_are_pure_uniform_and_independent_of_the_selections_draws():
+    assert keyed_uniform(42, "skip", 7, "p", 0) == keyed_uniform(42, "skip", 7, "p", 0)
+    keys = [
+        (seed, stream, step, f"p{i}", occurrence)
+        for seed in (0, 1)
+        for stream in ("skip", "audit")
+        for step in range(3)
+        for i in range(50)
+        for occurrence in (0, 1)
+    ]
+    uniforms = torch.tensor([keyed_uniform(*key) for key in keys], dtype=torch.float64)
+    assert len(set(uniforms.tolist())) == len(keys) and 0.0 <= uniforms.min() and uniforms.max() < 1.0
+    assert abs(uniforms.mean().item() - 0.5) < 0.05
+    # each stream's draws at a step against the selection's at the same (seed, step): uncorrelated
+    for stream in ("skip", "audit"):
+        for step in range(4):
+            keyed = torch.tensor([keyed_uniform(42, stream, step, f"p{i}", 0) for i in range(400)])
+            selection = torch.rand(400, generator=step_generator(42, step), dtype=torch.float64)
+            assert abs(torch.corrcoef(torch.stack([keyed, selection]))[0, 1].item()) < 0.2
 
 
 # ── devices ──

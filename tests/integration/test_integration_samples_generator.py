@@ -10,6 +10,8 @@ has zero variance), the others get alternating rewards (every pilot of 2 or more
 from __future__ import annotations
 
 import os
+import random
+from collections import defaultdict
 
 import pytest
 import ray
@@ -17,8 +19,15 @@ import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from d3s_openrlhf.core.config import D3SConfig
+from d3s_openrlhf.core.selection import step_generator
 from d3s_openrlhf.integration.host import config_namespace, parse_host_args
-from d3s_openrlhf.integration.samples_generator import HISTORY_DIR, STATE_KEY, D3SSamplesGenerator, prompt_key
+from d3s_openrlhf.integration.samples_generator import (
+    HISTORY_DIR,
+    STATE_KEY,
+    D3SSamplesGenerator,
+    PromptStream,
+    prompt_key,
+)
 
 PROMPTS = 24  # 12 easy, 12 mixed
 B, G, K = 4, 5, 2  # the rest of a group (G - K = 3) is told from its pilot (K = 2) by its size
@@ -286,6 +295,134 @@ def test_a_resumed_generator_draws_as_the_uninterrupted_one(tmp_path):
     rest = run(uninterrupted)
     assert [step[:3] for step in run(resumed)] == [step[:3] for step in rest]
     assert len(rest) == 12 - 4
+
+
+# ── the random draws: independent of the selection's and of the order in which requests complete ──
+
+
+def test_skip_decisions_do_not_read_the_selections_tie_break_draws():
+    generator = make(skip_base=0.5, schedule_steps=1000)
+    for i in range(PROMPTS):  # every prompt a candidate, skipped with probability 1 - 0.5 at every draw
+        generator.policy.observe(prompt_key(f"p{i}", f"l{i}"), [1.0, 1.0])
+    history = generator.policy.state_dict()
+    agree = draws = position = 0
+    for batch in range(48):
+        generator.policy.load_state_dict(history)
+        generator.batches, generator.dispatched = batch, []
+        ((_, _, consumed, _),) = run(generator, steps=1)
+        read = [f"p{(position + i) % PROMPTS}" for i in range(consumed)]  # the stream reads the prompts in order
+        position += consumed
+        skipped = [prompt not in {p for p, _ in generator.dispatched} for prompt in read]
+        selection = step_generator(generator.d3s.seed, batch)  # the tie-breaks of the step with the same index
+        ties = [float(torch.rand((), generator=selection, dtype=torch.float64)) < 0.5 for _ in read]
+        agree += sum(s == t for s, t in zip(skipped, ties))
+        draws += len(read)
+    assert draws > 200 and agree / draws < 0.7  # independent streams agree half the time; one stream, always
+
+
+def record_decisions(generator):
+    """Spy on a generator's skip and audit decisions: {(stream, batch, prompt): [[input, decision], ...]}, the input
+    being the skip probability (rounded) or None for the audit (of an easy prompt's pilot, always flat)."""
+    decisions = defaultdict(list)
+    policy, skips, dispatch = generator.policy, generator.policy.skips, generator._dispatch_prompts_to_vllm
+
+    def spy_skips(key, uniform):
+        skipped = skips(key, uniform)
+        decisions["skip", generator.batches, key].append([round(policy.skip_probability(key), 9), skipped])
+        return skipped
+
+    def spy_dispatch(prompts, labels, **kwargs):
+        for prompt, label in zip(prompts, labels):
+            if easy(prompt) and kwargs["n_samples_per_prompt"] == K:
+                decisions["audit", generator.batches, prompt_key(prompt, label)].append([None, False])
+            elif easy(prompt):  # the rest of a screened pilot: it was audited
+                decisions["audit", generator.batches, prompt_key(prompt, label)][-1][1] = True
+        return dispatch(prompts, labels, **kwargs)
+
+    policy.skips, generator._dispatch_prompts_to_vllm = spy_skips, spy_dispatch
+    return decisions
+
+
+def compare(first, second, stream):
+    """(shared, differing): the decisions of ``stream`` two runs took on the same draw (batch, prompt) with the same
+    input."""
+    shared = differing = 0
+    for draw in first.keys() & second.keys():
+        if draw[0] != stream:
+            continue
+        for (input_a, decision_a), (input_b, decision_b) in zip(first[draw], second[draw]):
+            if input_a == input_b:
+                shared += 1
+                differing += decision_a != decision_b
+    return shared, differing
+
+
+COMPLETION_ORDERS = ("oldest first", "newest first", "shuffled")
+
+
+@pytest.fixture
+def completion_order(monkeypatch):
+    """Make requests complete in the given order: ray.wait hands back the oldest, the newest or a random one of the
+    requests in flight (the fake engine's refs are all ready)."""
+
+    def use(order, seed=0):
+        pick = {"oldest first": lambda refs: refs[0], "newest first": lambda refs: refs[-1]}
+        pick["shuffled"] = random.Random(seed).choice
+        monkeypatch.setattr(ray, "wait", lambda refs, **_: ([pick[order](list(refs))], None))
+
+    return use
+
+
+SCREENED = dict(pilot_rollouts=K, pilot_audit=0.5, skip_base=0.5, skip_floor=0.3)
+
+
+def test_skip_and_audit_decisions_do_not_depend_on_the_order_pilots_complete(completion_order):
+    runs = {}
+    for order in (*COMPLETION_ORDERS, "rerun"):
+        completion_order("oldest first" if order == "rerun" else order)
+        generator = make(**SCREENED)
+        decisions = record_decisions(generator)
+        run(generator)
+        runs[order] = (decisions, generator.dispatched)
+    reference, dispatched = runs["oldest first"]
+    assert runs["rerun"] == (reference, dispatched)  # the same order: the same run
+    for order in ("newest first", "shuffled"):
+        assert runs[order][1] != dispatched  # the order changed which prompts the batches drew
+        for stream in ("skip", "audit"):
+            shared, differing = compare(reference, runs[order][0], stream)
+            assert shared >= 10 and differing == 0, (order, stream, shared, differing)
+
+
+def test_a_resumed_screened_run_decides_as_the_uninterrupted_one(tmp_path, completion_order):
+    completion_order("shuffled", seed=0)
+    uninterrupted = make(ckpt=tmp_path, **SCREENED)
+    run(uninterrupted, steps=4)
+    state = uninterrupted.prompts_dataloader.state_dict()
+    before = record_decisions(uninterrupted)
+    run(uninterrupted)
+    completion_order("shuffled", seed=1)  # a resumed run's requests complete in their own order
+    resumed = make(ckpt=tmp_path, **SCREENED)
+    resumed.prompts_dataloader.load_state_dict(state)
+    after = record_decisions(resumed)
+    run(resumed)
+    for stream in ("skip", "audit"):
+        shared, differing = compare(before, after, stream)
+        assert shared >= 5 and differing == 0, (stream, shared, differing)
+
+
+def test_a_prompt_drawn_twice_in_a_batch_draws_twice_reproducibly():
+    loader = dataloader(prompts=1)  # every draw is the same prompt
+    stream = PromptStream(iter(loader), loader, seed=3)
+    stream.start_batch(7, B)
+    keys = [stream.next_item()[1] for _ in range(5)]
+    assert keys == [(prompt_key("p0", "l0"), occurrence) for occurrence in range(5)]
+    uniforms = [stream.uniform("audit", key) for key in keys]
+    assert len(set(uniforms)) == 5 and uniforms != [stream.uniform("skip", key) for key in keys]
+    stream.start_batch(8, B)  # the next batch counts afresh, with draws of its own
+    assert stream.next_item()[1] == keys[0] and stream.uniform("audit", keys[0]) not in uniforms
+    again = PromptStream(iter(loader), loader, seed=3)
+    again.start_batch(7, B)
+    assert [again.uniform("audit", again.next_item()[1]) for _ in range(5)] == uniforms
 
 
 def test_a_resume_without_its_history_is_refused_with_the_path(tmp_path):
