@@ -75,7 +75,9 @@ class PromptSkipPolicy:
     floor: float = 0.01
     target: float = 0.25
     rate: float = 0.01
-    streaks: Dict[str, int] = field(default_factory=dict)  # prompt key -> zero-variance observations in a row
+    # prompt key -> zero-variance observations in a row, candidates only (a streak of 0 has no entry): the record,
+    # which checkpoints carry with every batch, grows with the prompts that are flat, not with the dataset
+    streaks: Dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self):
         problems = self.problems(self.base, self.floor, self.target, self.rate)
@@ -115,7 +117,10 @@ class PromptSkipPolicy:
     def observe(self, key: str, rewards: Iterable[float]) -> bool:
         """Record one observation of ``key`` (a group's or a pilot's rewards); returns whether they were all equal."""
         flat = zero_variance(rewards)
-        self.streaks[key] = min(self.streak(key) + 1, MAX_STREAK) if flat else 0
+        if flat:
+            self.streaks[key] = min(self.streak(key) + 1, MAX_STREAK)
+        else:
+            self.streaks.pop(key, None)
         return flat
 
     def adapt(self, zero_variance_share: Optional[float], candidates_drawn: int) -> float:
@@ -129,7 +134,7 @@ class PromptSkipPolicy:
         return self.base
 
     def state_dict(self) -> Dict:
-        """What a checkpoint keeps: the base and every prompt's streak."""
+        """What a checkpoint keeps: the base and every candidate's streak."""
         return {"base": self.base, "streaks": dict(self.streaks)}
 
     def load_state_dict(self, state: Dict) -> None:

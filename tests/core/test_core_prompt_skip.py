@@ -19,6 +19,7 @@ def test_streaks_count_zero_variance_observations_in_a_row():
     assert policy.observe("a", [0.0, 0.0]) is True and policy.streak("a") == 2  # all wrong is no signal either
     assert policy.observe("a", [0.0, 1.0]) is False and policy.streak("a") == 0  # variance resets the record
     assert not policy.is_candidate("a")
+    assert policy.streaks == {}  # the record holds the candidates only: it grows with the flat prompts
 
 
 @pytest.mark.parametrize("base, floor", [(0.5, 0.01), (0.9, 0.05), (0.05, 0.3)])

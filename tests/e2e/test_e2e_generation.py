@@ -5,8 +5,9 @@ by exact match, and logs each scored rollout so that the test can count what was
 
 Every mode of the issue's list runs once with screening: sync (D3S + screening + history, several passes), async
 with dynamic filtering, dynamic batching on a two-node Ray cluster (two ZeRO-3 ranks, two vLLM engines), a
-checkpoint resume (also one of history alone), and a multi-turn agent; the reward always comes at generation time
-(``--reward.remote_url`` with a reward file, or the agent)."""
+checkpoint resume (also one of history alone, and one from the best checkpoint of an evaluation, sync and async),
+and a multi-turn agent; the reward always comes at generation time (``--reward.remote_url`` with a reward file, or
+the agent)."""
 
 import dataclasses
 from pathlib import Path
@@ -150,7 +151,6 @@ def test_resume_restores_the_position_and_the_history(toy_sft, run_pipeline, ass
     first = dataclasses.replace(BASE, reward=reward, extra=grpo(4) + skip + checkpoint)
     run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "first", first), name="first")
     assert_clean_run(run, range(1, 5))
-    assert (tmp_path / "checkpoints" / "d3s_history" / "step4.pt").is_file()
     resumed = dataclasses.replace(first, extra=grpo() + skip + checkpoint + ["--ckpt.load_enable"])
     run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "resumed", resumed), name="resumed")
     assert_clean_run(run, range(5, STEPS + 1))
@@ -167,13 +167,37 @@ def test_a_screened_run_resumes_at_its_step(toy_sft, run_pipeline, assert_clean_
     first = dataclasses.replace(BASE, reward=reward, extra=grpo(4) + SCREEN + SKIP + checkpoint)
     run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "first", first), name="first")
     assert_generation_run(run, assert_clean_run, steps=4)
-    assert (tmp_path / "checkpoints" / "d3s_history" / "step4.pt").is_file()
     resumed = dataclasses.replace(first, extra=grpo() + SCREEN + SKIP + checkpoint + ["--ckpt.load_enable"])
     run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "resumed", resumed), name="resumed")
     assert_generation_run(run, assert_clean_run, first=5)
     counts, easy = scored(log)
     assert all(counts[prompt] % PILOT == 0 and counts[prompt] < 4 * GROUP for prompt in easy), counts
     assert sum(values["d3s/skipped_prompts"] for values in run.steps.values()) > 0, run.tail()
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_run_resumes_from_its_best_checkpoint_with_the_history(
+    toy_sft, run_pipeline, assert_clean_run, tmp_path, mode
+):
+    """No regular checkpoints (``--ckpt.save_steps -1``), an evaluation at step 4 whose best checkpoint is the one
+    the run resumes: its first batch, in the second pass, already skips, which a fresh history could not. Async: the
+    evaluation at step 4 runs while the trainer takes batch 5, whose state the best checkpoint saves (upstream)."""
+    reward, _ = reward_file(tmp_path, "best", mixed="0.0")  # every prompt's group flat: easy 1, others 0
+    evaluation = ["--eval.dataset", toy_sft.task.heldout, "--eval.steps", "4", "--eval.n_samples_per_prompt", "2"]
+    checkpoint = ["--ckpt.save_steps", "-1", "--ckpt.path", str(tmp_path / "checkpoints")]
+    asynchronous = ["--train.async_enable"] if mode == "async" else []
+    flags = SKIP + ["--d3s.skip_base", "0.05"] + evaluation + checkpoint + asynchronous
+    first = dataclasses.replace(BASE, reward=reward, extra=grpo(6) + flags)
+    run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "first", first), name="first")
+    assert_clean_run(run, range(1, 7))
+    saved = sorted(path.name for path in (tmp_path / "checkpoints" / "_actor").iterdir() if path.is_dir())
+    assert saved == ["best_global_step4"], saved
+    resumed = dataclasses.replace(first, extra=grpo() + flags + ["--ckpt.load_enable"])
+    run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "resumed", resumed), name="resumed")
+    start = 5 if mode == "sync" else 6
+    assert_clean_run(run, range(start, STEPS + 1))
+    # all 16 prompts were seen, each with a flat group: candidates, skipped with probability 0.95
+    assert run.steps[start]["d3s/skip_candidates"] >= 4 and run.steps[start]["d3s/skipped_prompts"] > 0, run.tail()
 
 
 def test_a_multi_turn_agent_is_screened_by_its_final_rewards(toy_sft, run_pipeline, assert_clean_run, tmp_path):

@@ -9,7 +9,6 @@ has zero variance), the others get alternating rewards (every pilot of 2 or more
 
 from __future__ import annotations
 
-import os
 import random
 from collections import defaultdict
 
@@ -21,13 +20,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from d3s_openrlhf.core.config import D3SConfig
 from d3s_openrlhf.core.selection import step_generator
 from d3s_openrlhf.integration.host import config_namespace, parse_host_args
-from d3s_openrlhf.integration.samples_generator import (
-    HISTORY_DIR,
-    STATE_KEY,
-    D3SSamplesGenerator,
-    PromptStream,
-    prompt_key,
-)
+from d3s_openrlhf.integration.samples_generator import STATE_KEY, D3SSamplesGenerator, PromptStream, prompt_key
 
 PROMPTS = 24  # 12 easy, 12 mixed
 B, G, K = 4, 5, 2  # the rest of a group (G - K = 3) is told from its pilot (K = 2) by its size
@@ -88,10 +81,8 @@ class Generator(D3SSamplesGenerator):
         ]
 
 
-def make(*flags, loader=None, ckpt=None, **d3s):
+def make(*flags, loader=None, **d3s):
     host = ["--rollout.batch_size", str(B), "--rollout.n_samples_per_prompt", str(G), *flags]
-    if ckpt is not None:
-        host += ["--ckpt.path", str(ckpt), "--ckpt.save_steps", "2"]
     args = parse_host_args(host)
     fields = {"preset": "grpo", "prompt_skip": "history", "schedule_steps": 12, "skip_base": 0.05, **d3s}
     args.d3s = config_namespace(D3SConfig.from_flags(fields))
@@ -274,27 +265,36 @@ def test_steps_served_from_the_sample_buffer_log_no_second_copy_of_the_counts():
     assert second[3]["d3s/pilots"] == 0 and second[3]["d3s/generated_tokens"] == 0  # served from the buffer
 
 
-def test_the_state_that_travels_stays_small_and_the_history_is_checkpointed_beside(tmp_path):
-    small = make(ckpt=tmp_path / "a")
-    large = make(ckpt=tmp_path / "b", loader=dataloader(prompts=2000))
+def test_the_state_grows_with_the_skip_candidates_only():
+    small = make()
+    large = make(loader=dataloader(prompts=2000))
     run(small, steps=6)
     run(large, steps=6)
     small_state, large_state = (g.prompts_dataloader.state_dict()[STATE_KEY] for g in (small, large))
     assert set(small_state) == set(large_state)
-    assert len(repr(large_state)) < 2 * len(repr(small_state)) + 500  # no history, no list of skipped prompts
-    assert sorted(os.listdir(tmp_path / "a" / HISTORY_DIR)) == ["step2.pt", "step4.pt", "step6.pt"]
+    # both drew the first 24 prompts (6 x B, one pass): the history holds the easy ones, none of the others
+    flat = {prompt_key(f"p{i}", f"l{i}") for i in range(PROMPTS) if easy(f"p{i}")}
+    assert set(small_state["history"]["streaks"]) == set(large_state["history"]["streaks"]) == flat
+    del small_state["history"], large_state["history"]
+    assert len(repr(large_state)) < 2 * len(repr(small_state)) + 500  # no list of skipped prompts
 
 
-def test_a_resumed_generator_draws_as_the_uninterrupted_one(tmp_path):
-    uninterrupted = make(ckpt=tmp_path)
-    run(uninterrupted, steps=4)
-    state = uninterrupted.prompts_dataloader.state_dict()
-    resumed = make(ckpt=tmp_path)
+@pytest.mark.parametrize("save_steps", [-1, 3, 10])  # no regular checkpoints; one at step 3; a best one in between
+def test_the_state_of_any_step_resumes_its_history_also_after_the_generator_ran_ahead(save_steps):
+    """Upstream saves the dataloader state at ``--ckpt.save_steps`` and with every new best evaluation (any step,
+    also with ``--ckpt.save_steps -1``); in async mode the generator has served batches ahead of the trainer that
+    saves it. The state that went with batch 3, loaded once the generator has served the rest, resumes batch 3's
+    history and draws."""
+    uninterrupted = make("--ckpt.save_steps", str(save_steps))
+    run(uninterrupted, steps=3)
+    state, history = uninterrupted.prompts_dataloader.state_dict(), uninterrupted.policy.state_dict()
+    assert history["streaks"]  # batch 3 has skip candidates to restore
+    rest = run(uninterrupted)  # the generator runs ahead to the end
+    resumed = make("--ckpt.save_steps", str(save_steps))
     resumed.prompts_dataloader.load_state_dict(state)
-    assert resumed.policy.state_dict() == uninterrupted.policy.state_dict()
-    rest = run(uninterrupted)
+    assert resumed.policy.state_dict() == history
     assert [step[:3] for step in run(resumed)] == [step[:3] for step in rest]
-    assert len(rest) == 12 - 4
+    assert len(rest) == 12 - 3
 
 
 # ── the random draws: independent of the selection's and of the order in which requests complete ──
@@ -393,15 +393,15 @@ def test_skip_and_audit_decisions_do_not_depend_on_the_order_pilots_complete(com
             assert shared >= 10 and differing == 0, (order, stream, shared, differing)
 
 
-def test_a_resumed_screened_run_decides_as_the_uninterrupted_one(tmp_path, completion_order):
+def test_a_resumed_screened_run_decides_as_the_uninterrupted_one(completion_order):
     completion_order("shuffled", seed=0)
-    uninterrupted = make(ckpt=tmp_path, **SCREENED)
+    uninterrupted = make(**SCREENED)
     run(uninterrupted, steps=4)
     state = uninterrupted.prompts_dataloader.state_dict()
     before = record_decisions(uninterrupted)
     run(uninterrupted)
     completion_order("shuffled", seed=1)  # a resumed run's requests complete in their own order
-    resumed = make(ckpt=tmp_path, **SCREENED)
+    resumed = make(**SCREENED)
     resumed.prompts_dataloader.load_state_dict(state)
     after = record_decisions(resumed)
     run(resumed)
@@ -425,13 +425,12 @@ def test_a_prompt_drawn_twice_in_a_batch_draws_twice_reproducibly():
     assert [again.uniform("audit", again.next_item()[1]) for _ in range(5)] == uniforms
 
 
-def test_a_resume_without_its_history_is_refused_with_the_path(tmp_path):
-    generator = make(ckpt=tmp_path)
+def test_a_checkpoint_without_a_history_is_refused_when_skipping_is_on():
+    generator = make(prompt_skip="off", pilot_rollouts=K)
     run(generator, steps=2)
     state = generator.prompts_dataloader.state_dict()
-    os.remove(tmp_path / HISTORY_DIR / "step2.pt")
-    with pytest.raises(FileNotFoundError, match="prompt history of step 2 .*step2.pt"):
-        make(ckpt=tmp_path).prompts_dataloader.load_state_dict(state)
+    with pytest.raises(ValueError, match="step 2 .* holds no prompt history .*--d3s.prompt_skip off"):
+        make(pilot_rollouts=K).prompts_dataloader.load_state_dict(state)
 
 
 @pytest.mark.parametrize("screen", [0, K])
