@@ -161,8 +161,9 @@ class D3SConfig:
         0,
         "steps over which p goes from 0 to 1 (p = min(step / schedule_steps, 1)); 0 = the run's number of "
         "rollout steps. With prompt skipping or screening (--d3s.prompt_skip, --d3s.pilot_rollouts) it is required, "
-        "and with them or with --algo.dynamic_filtering_enable (D3S on) the run trains exactly this many steps, "
-        "cycling over the prompts as often as it takes",
+        "and with them or with --algo.dynamic_filtering_enable the run trains exactly this many steps, cycling over "
+        "the prompts as often as it takes. Refused with D3S off, where nothing reads it (upstream's run trains its "
+        "own passes, dynamic filtering included): turn D3S on, e.g. with --d3s.chunked_logits",
         int,
     )
     token_scope: str = _option(
@@ -297,6 +298,15 @@ class D3SConfig:
                 "prompts that are skipped or screened out make a pass over the data shorter by an unknown number of "
                 "steps, so the run trains a fixed number S of steps instead, cycling over the prompts (set "
                 "--d3s.schedule_steps S; it is also the (N, K) schedule's and the LR schedule's horizon)",
+            )
+        # whether D3S is on reads the schedule's range, known once the other options are valid
+        if not problems and self.schedule_steps > 0 and not self.enabled:
+            bad(
+                "schedule_steps",
+                "does nothing with D3S off (no sample or token selection, prompt skipping, screening or "
+                "--d3s.chunked_logits): the run is OpenRLHF's own train_ppo_ray, which trains its own passes over the "
+                "data, with --algo.dynamic_filtering_enable too; to train exactly S steps turn D3S on (e.g. "
+                "--d3s.chunked_logits, which only computes the log-probs with less memory), or drop it",
             )
         if self.full_logits is True and self.chunked_logits is True:
             bad("chunked_logits", "contradicts --d3s.full_logits=True (upstream's full logits everywhere); set one")

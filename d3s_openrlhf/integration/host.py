@@ -501,6 +501,32 @@ def check_schedule_horizon(config: D3SConfig, args) -> Optional[str]:
     )
 
 
+def check_generate_batch_size(config: D3SConfig, args) -> Optional[str]:
+    """A step trains the B prompts' groups that D3S counts it as, where D3S counts them. Upstream's
+    ``generate_samples`` draws ``--rollout.vllm_generate_batch_size`` prompts a call, sync and async alike (unset or
+    0: B; above B, async mode's over-sampling, its buffer serves B a step), so below B every step trains fewer.
+    Refused where D3S counts steps of B: sample selection's kept counts (and their unit) and LR horizon, the fixed
+    steps' LR horizon, the (N, K) schedule's horizon in steps. Elsewhere (chunked logits, token selection over
+    ``--d3s.schedule_steps`` or a constant K) the run counts as upstream's, whose LR horizon counts prompts, not
+    steps; so does a run with D3S off, which no host check sees."""
+    generate, batch = args.rollout.vllm_generate_batch_size, args.rollout.batch_size
+    if not generate or generate >= batch:
+        return None
+    if config.samples_enabled:
+        counted = "sample selection's kept counts and the LR horizon count B x G rollouts a step"
+    elif fixed_steps(config, args) is not None:
+        counted = f"the --d3s.schedule_steps {config.schedule_steps} fixed steps' LR horizon counts B prompts a step"
+    elif config.schedule_moves and config.schedule_steps <= 0:
+        counted = "the (N, K) schedule's horizon counts the run's steps as B prompts each"
+    else:
+        return None
+    return (
+        f"--rollout.vllm_generate_batch_size {generate} is below --rollout.batch_size {batch}: every step trains "
+        f"{generate} prompts' groups, but {counted}; raise --rollout.vllm_generate_batch_size to at least "
+        f"--rollout.batch_size (or leave it unset), or lower --rollout.batch_size to {generate}"
+    )
+
+
 def check_generation_rewards(config: D3SConfig, args) -> Optional[str]:
     """Prompt skipping and screening get each prompt's rewards as its rollouts are generated."""
     if not (config.generation_enabled and reward_model_used(args)):
@@ -655,6 +681,7 @@ HOST_CHECKS: Tuple[HostCheck, ...] = (
     check_deepspeed,
     check_dynamic_batch_split,
     check_schedule_horizon,
+    check_generate_batch_size,
     check_generation_rewards,
     check_skip_group_size,
     check_pilot_within_group,

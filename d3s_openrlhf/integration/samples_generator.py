@@ -271,8 +271,11 @@ class D3SSamplesGenerator(SamplesGenerator):
         self._counts = defaultdict(float, dict.fromkeys(self._metric_names(), 0.0))
         samples, pass_rate, consumed, exhausted = super().generate_samples(**generate_kwargs)
         generated_prompts = consumed - self._counts.get("d3s/skipped_prompts", 0.0)
-        if pass_rate is not None and generated_prompts > 0:  # upstream's rate, over the prompts generated
-            pass_rate = pass_rate * consumed / generated_prompts
+        if pass_rate is not None and generated_prompts > 0:
+            # upstream's rate is 100 x samples accepted / prompts consumed: G times the share (%) of the prompts
+            # generated (not skipped) whose group passed the filter, which is what is logged
+            group_size = generate_kwargs.get("n_samples_per_prompt", self.args.rollout.n_samples_per_prompt)
+            pass_rate = pass_rate * consumed / (group_size * generated_prompts)
         counts = dict(self._counts)
         # a call without samples trains no step and logs nothing: its counts go to the next step that does
         for key, value in self._unlogged.items():

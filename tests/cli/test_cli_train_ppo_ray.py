@@ -280,6 +280,26 @@ def test_error_dynamic_filtering_with_a_moving_schedule_needs_schedule_steps(sch
     cli.resolve([*argv, "--d3s.schedule", "constant"])
 
 
+def test_error_schedule_steps_with_d3s_off_is_refused_before_ray(upstream_runs, capsys):
+    # upstream's dynamic filtering alone would train its own passes: the steps asked for would be ignored
+    argv = ["--d3s.schedule_steps", "150", "--algo.dynamic_filtering_enable", "--reward.remote_url", "r.py", *HOST]
+    assert "--d3s.schedule_steps=150: does nothing with D3S off" in _error(argv)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([*argv, "--d3s.dry_run"])  # the dry run says so too, rather than "D3S is off"
+    assert exit_info.value.code == 2
+    assert "--d3s.schedule_steps=150: does nothing with D3S off" in capsys.readouterr().err
+    assert upstream_runs == [] and not ray.is_initialized()
+    cli.resolve([*argv, "--d3s.chunked_logits"])  # D3S on: the run trains the 150 steps
+
+
+def test_error_a_generate_batch_below_the_rollout_batch_names_both_flags():
+    generate = ["--rollout.vllm_generate_batch_size", "4"]
+    message = _error(["--d3s.preset", "d3s", "--d3s.n_final", "16", *HOST, *generate])
+    assert "--rollout.vllm_generate_batch_size 4 is below --rollout.batch_size 8" in message
+    # D3S off: upstream's run, whose LR horizon counts prompts, not steps of B
+    assert cli.resolve([*HOST, *generate])[3] is None
+
+
 def test_errors_are_reported_together():
     message = _error(["--d3s.preset", "d3s", *_host(estimator="gae", **{"train.batch_size": 48})])
     assert message.count("\n  ") == 3  # estimator, max(N), unit

@@ -131,6 +131,23 @@ def test_subset_advantages_need_a_sample_rule():
     assert D3SConfig(advantage_mode="subset", sample_rule="random").samples_enabled
 
 
+@pytest.mark.parametrize("off", [{}, {"preset": "grpo"}, {"preset": "grpo", "full_logits": True, "seed": 3}])
+def test_schedule_steps_with_d3s_off_is_refused(off):
+    # D3S off is upstream's run, which trains its own passes (dynamic filtering included): nothing reads the steps
+    with pytest.raises(ValueError, match=r"--d3s.schedule_steps=150: does nothing with D3S off") as error:
+        D3SConfig.from_flags({**off, "schedule_steps": 150})
+    assert "--d3s.chunked_logits" in str(error.value)
+    assert not D3SConfig.from_flags({**off, "schedule_steps": 0}).enabled
+
+
+@pytest.mark.parametrize(
+    "on",
+    [{"chunked_logits": True}, {"k_init": 0.5}, {"preset": "d1s"}, {"pilot_rollouts": 2}, {"prompt_skip": "history"}],
+)
+def test_schedule_steps_with_d3s_on_is_taken(on):
+    assert D3SConfig.from_flags({"preset": "grpo", **on, "schedule_steps": 150}).schedule_steps == 150
+
+
 def test_chunked_logits_turns_d3s_on_and_contradicts_full_logits():
     with pytest.raises(ValueError, match=r"--d3s.chunked_logits=True: contradicts --d3s.full_logits"):
         D3SConfig(chunked_logits=True, full_logits=True)
@@ -238,7 +255,7 @@ def configs(draw):
     rule = draw(st.sampled_from(SAMPLE_RULES))
     modes = ADVANTAGE_MODES if rule != "none" else ("group",)
     full_logits = draw(st.booleans())
-    return D3SConfig(
+    fields = dict(
         preset=draw(st.none() | st.sampled_from(sorted(PRESETS))),
         sample_scope=draw(st.sampled_from(SAMPLE_SCOPES)),
         sample_rule=rule,
@@ -255,6 +272,9 @@ def configs(draw):
         chunked_logits=draw(st.booleans()) and not full_logits,
         dry_run=draw(st.booleans()),
     )
+    if not D3SConfig(**{**fields, "schedule_steps": 0}).enabled:
+        fields["schedule_steps"] = 0  # refused with D3S off
+    return D3SConfig(**fields)
 
 
 @PROPERTY

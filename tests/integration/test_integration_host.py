@@ -290,7 +290,7 @@ def test_skipping_or_screening_trains_the_fixed_steps_and_the_lr_horizon_follows
 
 
 def test_dynamic_filtering_with_schedule_steps_trains_the_fixed_steps():
-    config = D3SConfig.from_flags({"preset": "grpo", "schedule_steps": 30})
+    config = D3SConfig.from_flags({"preset": "grpo", "chunked_logits": True, "schedule_steps": 30})
     args = horizon_args(algo__dynamic_filtering_enable=True, train__num_episodes=2)
     args.d3s = host.config_namespace(config)
     assert host.fixed_steps(config, args) == 30  # GRESO's baseline: the same steps as the skipping arms
@@ -431,6 +431,13 @@ CHECK_CASES = [
         "to at least 8 or lower --d3s.n_init/--d3s.n_final (now 2/8)",
     ),
     (
+        host.check_generate_batch_size,
+        D3S_MOVING,
+        [*REMOTE, "--rollout.vllm_generate_batch_size", "4"],
+        [*REMOTE, "--rollout.vllm_generate_batch_size", "8"],
+        "--rollout.vllm_generate_batch_size 4 is below --rollout.batch_size 8: every step trains 4 prompts' groups",
+    ),
+    (
         host.check_kept_unit,
         D3S_MOVING,
         [*REMOTE, "--rollout.batch_size", "5"],
@@ -469,6 +476,48 @@ def test_only_the_sample_selection_checks_are_lifted_without_it(check, fields, r
         host.check_kept_unit,
     }
     assert lifted == selection_check
+
+
+FIXED_BY_FILTERING = {"preset": "grpo", "chunked_logits": True, "schedule_steps": 20}
+# a D3S run that counts B prompts a step: (D3S options, host flags, what the refusal says counts them)
+COUNTS_B_PROMPTS = {
+    "sample_selection": ({"preset": "d1s", "n_init": 4, "n_final": 4}, [], "sample selection's kept counts"),
+    "skipping": (SKIPPING, [], "the --d3s.schedule_steps 20 fixed steps"),
+    "screening": ({"preset": "grpo", "pilot_rollouts": 2, "schedule_steps": 20}, [], "the --d3s.schedule_steps 20"),
+    "filtering": (FIXED_BY_FILTERING, ["--algo.dynamic_filtering_enable"], "the --d3s.schedule_steps 20 fixed"),
+    "moving_tokens": ({"preset": "grpo", "k_init": 0.1, "k_final": 0.5}, [], "the (N, K) schedule's horizon"),
+}
+# a D3S run that reads nothing of B: a step of fewer prompts is upstream's (its LR horizon counts prompts)
+NO_B_PROMPTS = {
+    "chunked_logits": {"preset": "grpo", "chunked_logits": True},
+    "constant_tokens": {"preset": "grpo", "k_init": 0.5, "k_final": 0.5},
+    "moving_tokens_with_steps": {"preset": "grpo", "k_init": 0.1, "k_final": 0.5, "schedule_steps": 20},
+}
+
+
+def generate_batch_problem(fields, *flags):
+    return host.check_generate_batch_size(D3SConfig.from_flags(fields), host.parse_host_args([*SKIP_HOST, *flags]))
+
+
+@pytest.mark.parametrize("mode", [[], ["--train.async_enable"]], ids=["sync", "async"])
+@pytest.mark.parametrize("generate", ["4", "7"])
+@pytest.mark.parametrize("case", COUNTS_B_PROMPTS)
+def test_a_generate_batch_below_the_rollout_batch_is_refused_where_d3s_counts_b_prompts(case, generate, mode):
+    # upstream's generate_samples draws --rollout.vllm_generate_batch_size prompts a step, sync and async alike
+    fields, flags, says = COUNTS_B_PROMPTS[case]
+    flags = [*REMOTE, *flags, *mode]
+    problem = generate_batch_problem(fields, *flags, "--rollout.vllm_generate_batch_size", generate)
+    assert f"--rollout.vllm_generate_batch_size {generate} is below --rollout.batch_size 8" in problem
+    assert says in problem
+    # the flag unset or 0 (upstream's default: B), B, or above B (async's over-sampling: B a step) reduces nothing
+    assert generate_batch_problem(fields, *flags) is None
+    for enough in ("0", "8", "16"):
+        assert generate_batch_problem(fields, *flags, "--rollout.vllm_generate_batch_size", enough) is None
+
+
+@pytest.mark.parametrize("case", NO_B_PROMPTS)
+def test_a_generate_batch_below_the_rollout_batch_passes_where_d3s_counts_no_prompts(case):
+    assert generate_batch_problem(NO_B_PROMPTS[case], *REMOTE, "--rollout.vllm_generate_batch_size", "4") is None
 
 
 def test_every_host_check_has_a_case_of_its_own():

@@ -115,7 +115,7 @@ def run(generator, steps=None):
     [
         ((), dict(prompt_skip="history")),
         ((), dict(prompt_skip="off", pilot_rollouts=K)),
-        (("--algo.dynamic_filtering_enable",), dict(prompt_skip="off")),  # upstream's filter alone
+        (("--algo.dynamic_filtering_enable",), dict(prompt_skip="off", chunked_logits=True)),  # upstream's filter
     ],
 )
 def test_the_run_trains_exactly_the_fixed_steps_of_full_batches_cycling_over_the_prompts(flags, level):
@@ -245,17 +245,35 @@ def test_a_batch_that_can_never_fill_stops_the_run_instead_of_cycling(flags, d3s
         generator.generate_samples(max_len=64)
 
 
-def test_the_pass_rate_counts_the_prompts_generated_not_those_skipped():
-    generator = make("--algo.dynamic_filtering_enable", "--algo.dynamic_filtering_range", "0.1", "0.9")
+FILTER = ("--algo.dynamic_filtering_enable", "--algo.dynamic_filtering_range", "0.1", "0.9")
+
+
+@pytest.mark.parametrize(
+    "d3s",
+    [
+        {},  # skipping
+        dict(prompt_skip="off", pilot_rollouts=K),  # screening
+        dict(prompt_skip="off", chunked_logits=True),  # upstream's filter alone, at fixed steps
+        dict(prompt_skip="off", schedule_steps=0, sample_rule="max_var", n_init=2, n_final=2),  # upstream's loop
+    ],
+    ids=["skipping", "screening", "filtering", "upstream_loop"],
+)
+def test_the_pass_rate_is_the_share_of_prompts_generated_whose_group_passed(d3s):
+    # upstream divides samples by prompts (G times the share); with G = 5 a step is 4 groups of 5 samples
+    generator = make(*FILTER, **d3s)
     rates = []
     while True:
         samples, rate, consumed, exhausted = generator.generate_samples(max_len=64)
-        skipped = generator.last_metrics["d3s/skipped_prompts"]
-        rates.append((rate, len(samples), consumed, skipped))
+        skipped = generator.last_metrics.get("d3s/skipped_prompts", 0)
+        if samples:  # (upstream's loop ends with a call that generates nothing)
+            rates.append((rate, len(samples) // G, consumed - skipped))
         if exhausted:
             break
-    for rate, samples, consumed, skipped in rates:
-        assert rate == pytest.approx(samples / (consumed - skipped) * 100)
+    for rate, groups, generated in rates:
+        assert rate == pytest.approx(100 * groups / generated)  # the prompts skipped were not generated
+    # (with screening a batch may also take pilots that the one before drew and counted)
+    assert all(0 < rate <= 100 for rate, *_ in rates if d3s.get("pilot_rollouts") is None)
+    assert any(rate < 100 for rate, *_ in rates)  # the mixed prompts' groups pass the range, the easy ones not
 
 
 def test_steps_served_from_the_sample_buffer_log_no_second_copy_of_the_counts():
