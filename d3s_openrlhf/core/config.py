@@ -223,6 +223,14 @@ class D3SConfig:
         "groups are never trained. Costs G - k rollouts per audited prompt; 0 = off, in [0, 1]",
         float,
     )
+    stall_passes: int = _option(
+        4,
+        "how many passes over the prompts may go by without a single group joining a batch before the run stops as "
+        "one that cannot fill (every pilot flat under --d3s.pilot_rollouts, or every group outside "
+        "--algo.dynamic_filtering_range, at fixed steps): a run that fills, however slowly, goes on. An int >= 1; "
+        "takes effect with screening or with dynamic filtering and --d3s.schedule_steps",
+        int,
+    )
     full_logits: bool = _option(
         False,
         "compute upstream's full-vocabulary logits in every forward. By default, at steps with K < 1 the actor's "
@@ -287,6 +295,8 @@ class D3SConfig:
             bad(_SKIP_FIELDS[problem.parameter], problem.requirement)
         if not is_int(self.pilot_rollouts) or self.pilot_rollouts < 0 or self.pilot_rollouts == 1:
             bad("pilot_rollouts", "must be 0 (off) or an int >= 2 (a pilot of one rollout never shows variance)")
+        if not is_int(self.stall_passes) or self.stall_passes < 1:
+            bad("stall_passes", "must be an int >= 1 (passes over the prompts without a group joining a batch)")
         if not (is_real(self.pilot_audit) and 0.0 <= self.pilot_audit <= 1.0):
             bad("pilot_audit", "must be a number in [0, 1] (a share of the screened-out prompts)")
         elif self.pilot_audit > 0 and not self.screening_enabled:

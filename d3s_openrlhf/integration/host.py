@@ -561,6 +561,18 @@ def check_pilot_within_group(config: D3SConfig, args) -> Optional[str]:
     )
 
 
+def check_stall_passes(config: D3SConfig, args) -> Optional[str]:
+    """--d3s.stall_passes bounds a run that cannot fill its batches, which only screening or dynamic filtering at
+    fixed steps can be: elsewhere every drawn prompt's group joins, and the flag would be ignored."""
+    can_stall = config.screening_enabled or (args.algo.dynamic_filtering_enable and fixed_steps(config, args))
+    if config.stall_passes == D3SConfig.stall_passes or can_stall:
+        return None
+    return (
+        f"--d3s.stall_passes {config.stall_passes} does nothing here: only screening (--d3s.pilot_rollouts) or "
+        "--algo.dynamic_filtering_enable with --d3s.schedule_steps can leave a batch unfilled; drop it"
+    )
+
+
 def _selection_forward_size(args, group: str) -> Optional[int]:
     """The effective data-parallel size of ``group`` if it runs forwards that sample selection splits (those on
     the kept rollouts, and the reward model's on all of them), else None. Under ZeRO-3 each forward is a
@@ -685,6 +697,7 @@ HOST_CHECKS: Tuple[HostCheck, ...] = (
     check_generation_rewards,
     check_skip_group_size,
     check_pilot_within_group,
+    check_stall_passes,
     *(
         functools.partial(check, group=group)
         for group in MODEL_GROUPS

@@ -65,10 +65,6 @@ STATE_KEY = "d3s_generation"
 Item = Tuple  # (datasource, prompt, label, image): one prompt as the dataloader yields it
 DrawKey = Tuple[str, int]  # one draw of a batch: its prompt's key, and how often the batch drew that prompt before
 
-STALL_PASSES = 4
-"""A batch that has generated this many passes over the data beyond its B prompts without filling up is stuck (every
-pilot flat, every group outside the filter's range): the stream cycles without end, so it stops the run instead."""
-
 
 def _image_digest(image) -> bytes:
     """Stable bytes of a prompt's image(s): a path or URL as text, raw bytes, a PIL image's pixels."""
@@ -142,14 +138,11 @@ class PromptStream:
         self.passes = passes  # passes started after the first
         self.batch = 0  # the index of the batch being drawn (``start_batch``), a key of its draws
         self.occurrences: Counter = Counter()  # prompt key -> draws of it in the batch being drawn
-        self.limit = None  # prompts the batch may hand on before it counts as stuck
         self.drawn = self.skipped = self.candidates = self.handed = 0  # of the batch being drawn
 
-    def start_batch(self, batch: int, num_prompts: int) -> None:
+    def start_batch(self, batch: int) -> None:
         self.batch = batch
         self.occurrences = Counter()
-        dataset = getattr(self.dataloader, "dataset", None)
-        self.limit = num_prompts + STALL_PASSES * (len(dataset) if dataset is not None else len(self.dataloader))
         self.drawn = self.skipped = self.candidates = self.handed = 0
 
     def uniform(self, stream: str, draw_key: DrawKey) -> float:
@@ -181,14 +174,6 @@ class PromptStream:
                     self.skipped += 1
                     continue
             self.handed += 1
-            if self.limit is not None and self.handed > self.limit:
-                raise RuntimeError(
-                    f"one batch has generated {self.handed - 1} prompts, {STALL_PASSES} passes over the data beyond "
-                    "its own size, without filling up: every pilot had equal rewards or every group fell outside "
-                    "--algo.dynamic_filtering_range, so the run would cycle over the prompts for ever. Check the "
-                    "reward function (does it ever give different rewards to one prompt?), widen the range, or turn "
-                    "--d3s.pilot_rollouts / dynamic filtering off"
-                )
             return item, draw_key
 
     def __iter__(self):
@@ -255,8 +240,10 @@ class D3SSamplesGenerator(SamplesGenerator):
         self.steps_served = 0  # training batches handed to the trainer (fixed steps)
         self.stream: Optional[PromptStream] = None
         self._restored: Dict = {"pending": [], "passes": 0}  # the stream's part of a checkpoint
+        self.rejected_in_a_row = 0  # prompts screened out or filtered since a group last joined a batch
         self._carried: List[Tuple[Item, List[Dict]]] = []  # accepted pilots of a full batch, for the next one
         self._groups: Optional[Dict[str, List[float]]] = None  # the rewards of each group, while a batch is drawn
+        self._group: List = []  # the rollouts so far of the group upstream's loop is handing on
         self._counts: Dict[str, float] = defaultdict(float)  # the step's counts
         self._unlogged: Dict[str, float] = {}
         self.last_metrics: Dict[str, float] = {}
@@ -309,6 +296,7 @@ class D3SSamplesGenerator(SamplesGenerator):
         if dataloader_iter is not getattr(self, "_dataloader_iter", None):  # the evaluation's
             return super()._generate_vllm(dataloader_iter, num_prompts, dynamic_filtering, **generate_kwargs)
         self._groups = defaultdict(list)  # a training batch: its tokens are counted, its groups observed
+        self._group = []
         try:
             if fixed_steps(self.d3s, self.args) is None:
                 return super()._generate_vllm(dataloader_iter, num_prompts, dynamic_filtering, **generate_kwargs)
@@ -316,7 +304,7 @@ class D3SSamplesGenerator(SamplesGenerator):
                 self.stream = PromptStream(
                     dataloader_iter, self.prompts_dataloader, self.d3s.seed, self.policy, **self._restored
                 )
-            self.stream.start_batch(self.batches, num_prompts)
+            self.stream.start_batch(self.batches)
             if self.d3s.screening_enabled:
                 experiences = self._generate_screened(num_prompts, dynamic_filtering, **generate_kwargs)
             else:
@@ -329,6 +317,27 @@ class D3SSamplesGenerator(SamplesGenerator):
             return experiences, self.stream.drawn, False
         finally:
             self._groups = None
+
+    def _joined(self) -> None:
+        """A group joined a batch: the run is filling, however slowly."""
+        self.rejected_in_a_row = 0
+
+    def _rejected(self) -> None:
+        """A prompt was screened out or its group filtered. --d3s.stall_passes passes over the prompts of those in a
+        row, over batches, and the run cannot fill: it stops instead of cycling for ever. Counted as the decisions
+        come, so pilots dispatched ahead do not count before they return."""
+        self.rejected_in_a_row += 1
+        dataset = getattr(self.prompts_dataloader, "dataset", None)
+        limit = self.d3s.stall_passes * (len(dataset) if dataset is not None else len(self.prompts_dataloader))
+        if self.rejected_in_a_row > limit:
+            raise RuntimeError(
+                f"the last {limit} prompts generated ({self.d3s.stall_passes} passes over the prompts, "
+                "--d3s.stall_passes) were all screened out or filtered, none joined a batch: every pilot had equal "
+                "rewards, or every group fell outside --algo.dynamic_filtering_range, so the run would cycle over the "
+                "prompts for ever. Check the reward function (does it ever give one prompt different rewards?), widen "
+                "the range, turn --d3s.pilot_rollouts or dynamic filtering off, or raise --d3s.stall_passes if "
+                "groups with variance are that rare"
+            )
 
     def _observe_batch(self, groups: Dict[str, List[float]]) -> None:
         """Record the batch's generated groups (pilots were recorded as they returned), adapt the skip policy and
@@ -398,6 +407,7 @@ class D3SSamplesGenerator(SamplesGenerator):
         self._observe_pilot(item, rewards)
         if max(rewards) == min(rewards):
             draw.screened += 1
+            self._rejected()
             if self.d3s.pilot_audit and self.stream.uniform("audit", draw_key) < self.d3s.pilot_audit:
                 self._start_rest(draw, item, responses, audited=True)
         elif draw.started < draw.num_prompts:
@@ -419,8 +429,10 @@ class D3SSamplesGenerator(SamplesGenerator):
         if filtering and not self._passes_filter(experiences):
             draw.started -= 1
             self._counts["d3s/filtered_prompts"] += 1
+            self._rejected()
             return False
         draw.accepted.extend(experiences)
+        self._joined()
         return True
 
     def _observe_pilot(self, item: Item, rewards: List[float]) -> None:
@@ -443,7 +455,22 @@ class D3SSamplesGenerator(SamplesGenerator):
             if self.policy is not None:
                 key = prompt_key(response["prompt"], response["label"], response.get("images"))
                 self._groups[key].append(_reward(response, self.d3s))
+            if self.stream is not None and self.args.algo.dynamic_filtering_enable:
+                self._group_member_returned(experience, generate_kwargs)
         return experience
+
+    def _group_member_returned(self, experience, generate_kwargs) -> None:
+        """Upstream's filtering loop hands on a group's rollouts one after another (one request a group): at the
+        group's last one, it joins the batch unless upstream's filter drops it."""
+        self._group.append(experience)
+        if len(self._group) < generate_kwargs.get("n_samples_per_prompt", self.args.rollout.n_samples_per_prompt):
+            return
+        passed = self._passes_filter(self._group)
+        self._group = []
+        if passed:
+            self._joined()
+        else:
+            self._rejected()
 
     # ── checkpoints ──
 
@@ -456,6 +483,7 @@ class D3SSamplesGenerator(SamplesGenerator):
             "batches": self.batches,
             "steps_served": self.steps_served,
             "passes": stream.passes if stream is not None else self._restored["passes"],
+            "rejected_in_a_row": self.rejected_in_a_row,
             "pending": [list(item) for item in pending],
             "acceptance": self.acceptance.state_dict(),
             "unlogged": dict(self._unlogged),
@@ -469,6 +497,7 @@ class D3SSamplesGenerator(SamplesGenerator):
         self.acceptance.load_state_dict(state["acceptance"])
         self._unlogged = dict(state["unlogged"])
         self._restored = {"pending": [tuple(item) for item in state["pending"]], "passes": int(state["passes"])}
+        self.rejected_in_a_row = int(state.get("rejected_in_a_row", 0))  # a checkpoint from before the count: 0
         self._carried = []
         self.stream = None
         if self.policy is not None:

@@ -109,6 +109,9 @@ BAD_VALUES = [
     ("pilot_rollouts", -2, "0 \\(off\\) or an int >= 2"),
     ("pilot_rollouts", 2.0, "0 \\(off\\) or an int >= 2"),
     ("pilot_audit", 1.5, r"in \[0, 1\]"),
+    ("stall_passes", 0, "an int >= 1"),
+    ("stall_passes", 2.5, "an int >= 1"),
+    ("stall_passes", True, "an int >= 1"),
     ("pilot_audit", 0.5, "needs --d3s.pilot_rollouts"),
 ]
 

@@ -383,6 +383,13 @@ CHECK_CASES = [
         "--d3s.pilot_rollouts 8 must be below --rollout.n_samples_per_prompt 8",
     ),
     (
+        host.check_stall_passes,
+        {"preset": "d3s", "schedule_steps": 20, "stall_passes": 2},
+        REMOTE,
+        [*REMOTE, "--algo.dynamic_filtering_enable"],
+        "--d3s.stall_passes 2 does nothing here",
+    ),
+    (
         by_group(host.check_group_has_ranks, "ref"),
         D3S_MOVING,
         [*REMOTE, "--actor.num_gpus_per_node", "2", "--ds.ring_attn_size", "2", "--algo.kl.init_coef", "0.01"]

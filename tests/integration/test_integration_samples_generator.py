@@ -70,13 +70,14 @@ class Generator(D3SSamplesGenerator):
     dispatched: list  # (prompt, rollouts)
     rewarded = True
     flat = False  # every prompt solved
+    mixed = None  # the only prompts whose groups have variance (None: the odd ones)
 
     def _dispatch_prompts_to_vllm(self, prompts, labels, *, images=None, **generate_kwargs):
         n = generate_kwargs.get("n_samples_per_prompt", self.args.rollout.n_samples_per_prompt)
         self.dispatched.extend((prompt, n) for prompt in prompts)
         images = images or [None] * len(prompts)
         return [
-            ray.put(responses(prompt, label, n, image, self.rewarded, self.flat))
+            ray.put(responses(prompt, label, n, image, self.rewarded, self.flat or self.mixed not in (None, {prompt})))
             for prompt, label, image in zip(prompts, labels, images)
         ]
 
@@ -230,19 +231,44 @@ def test_the_filter_on_full_groups_is_upstreams_strict_range(low, high, passes):
     assert generator._passes_filter(group) is passes  # mean 2 / 5
 
 
-@pytest.mark.parametrize(
-    "flags, d3s",
-    [
-        ((), dict(prompt_skip="off", pilot_rollouts=K)),  # every pilot flat
-        (("--algo.dynamic_filtering_enable", "--algo.dynamic_filtering_range", "0.9", "0.95"), {}),  # none in range
-    ],
-    ids=["screening", "filtering"],
-)
-def test_a_batch_that_can_never_fill_stops_the_run_instead_of_cycling(flags, d3s):
-    generator = make(*flags, **d3s)
+# a group joins only with variance: by its pilot under screening, by upstream's range (0, 1) under filtering
+FILLS_WITH_VARIANCE = [((), dict(prompt_skip="off", pilot_rollouts=K)), (("--algo.dynamic_filtering_enable",), {})]
+
+
+@pytest.mark.parametrize("flags, d3s", FILLS_WITH_VARIANCE, ids=["screening", "filtering"])
+@pytest.mark.parametrize("stall_passes", [1, 4])
+def test_a_run_that_can_never_fill_stops_after_the_stall_passes(flags, d3s, stall_passes):
+    """At 0% acceptance: stopped once --d3s.stall_passes passes over the prompts went by without a group joining,
+    with the flags to change; not before."""
+    generator = make(*flags, stall_passes=stall_passes, **d3s)
     generator.flat = True
-    with pytest.raises(RuntimeError, match="without filling up: every pilot had equal rewards"):
+    message = f"the last {stall_passes * PROMPTS} prompts generated .*--d3s.stall_passes.* none joined a batch"
+    with pytest.raises(RuntimeError, match=message):
         generator.generate_samples(max_len=64)
+    assert generator.rejected_in_a_row == stall_passes * PROMPTS + 1
+
+
+@pytest.mark.parametrize("flags, d3s", FILLS_WITH_VARIANCE, ids=["screening", "filtering"])
+def test_a_run_that_fills_slowly_goes_on_however_many_passes_a_batch_takes(flags, d3s):
+    """At 1% acceptance (one prompt in 100 has variance) a batch of 8 groups takes 8 passes over the prompts, beyond
+    any per-batch allowance, and the run goes on: a group joins every pass, within --d3s.stall_passes 2."""
+    slow = dict(stall_passes=2, schedule_steps=2, **d3s)
+    generator = make(*flags, "--rollout.batch_size", "8", loader=dataloader(prompts=100), **slow)
+    generator.mixed = {"p7"}
+    steps = run(generator)
+    assert [prompts for prompts, *_ in steps] == [["p7"] * 8] * 2
+    assert generator.last_metrics["d3s/passes"] >= 16
+    # the count goes on over batches and through a checkpoint: resumed 57 rejections after a join, a run that can no
+    # longer fill stops 43 rejections later at --d3s.stall_passes 1
+    state = generator.prompts_dataloader.state_dict()
+    assert 0 <= state[STATE_KEY]["rejected_in_a_row"] < 100
+    state[STATE_KEY]["rejected_in_a_row"] = 57
+    resumed = make(*flags, loader=dataloader(prompts=100), **{**slow, "stall_passes": 1, "schedule_steps": 3})
+    resumed.prompts_dataloader.load_state_dict(state)
+    resumed.flat = True
+    with pytest.raises(RuntimeError, match="the last 100 prompts generated"):
+        resumed.generate_samples(max_len=64)
+    assert resumed.rejected_in_a_row == 101
 
 
 FILTER = ("--algo.dynamic_filtering_enable", "--algo.dynamic_filtering_range", "0.1", "0.9")
@@ -431,15 +457,15 @@ def test_a_resumed_screened_run_decides_as_the_uninterrupted_one(completion_orde
 def test_a_prompt_drawn_twice_in_a_batch_draws_twice_reproducibly():
     loader = dataloader(prompts=1)  # every draw is the same prompt
     stream = PromptStream(iter(loader), loader, seed=3)
-    stream.start_batch(7, B)
+    stream.start_batch(7)
     keys = [stream.next_item()[1] for _ in range(5)]
     assert keys == [(prompt_key("p0", "l0"), occurrence) for occurrence in range(5)]
     uniforms = [stream.uniform("audit", key) for key in keys]
     assert len(set(uniforms)) == 5 and uniforms != [stream.uniform("skip", key) for key in keys]
-    stream.start_batch(8, B)  # the next batch counts afresh, with draws of its own
+    stream.start_batch(8)  # the next batch counts afresh, with draws of its own
     assert stream.next_item()[1] == keys[0] and stream.uniform("audit", keys[0]) not in uniforms
     again = PromptStream(iter(loader), loader, seed=3)
-    again.start_batch(7, B)
+    again.start_batch(7)
     assert [again.uniform("audit", again.next_item()[1]) for _ in range(5)] == uniforms
 
 
