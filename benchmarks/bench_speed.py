@@ -173,6 +173,8 @@ def prepare(options, task, document, workdir, path):
     """The task's warm start (its SFT, made once per task config in ``workdir``) and, before the task's first run,
     its held-out greedy accuracy and thresholds in ``document``."""
     config = pipeline.task_config(task, **task_overrides(options))
+    if options.steps * options.prompts > config.n_prompts:  # the fresh regime's one pass
+        raise SystemExit(f"--steps {options.steps} x --prompts {options.prompts} exceed {config.n_prompts} RL prompts")
     split = f"-sft{config.n_sft}x{config.sft_epochs}-prompts{config.n_prompts}-heldout{config.n_heldout}"
     recorded = any(run["task"] == task for run in document["runs"])
     prepared, sft_seconds = bench_learning.prepare_task(task, options.precision, config, workdir, split)
