@@ -216,8 +216,8 @@ def run(
 ):
     """One RL run and its held-out evaluations; returns the per-step metrics and the evaluation curve. ``regime``
     (screen and speed parts): "passes" over the first ``pool`` prompts, or "fresh" ones (``pool``: the whole RL
-    split); ``lr``: the learning rate (None: the demo's); ``keep_models=False``: the evaluated checkpoints and
-    final model are deleted (the run's log and events stay)."""
+    split); ``lr``: the learning rate (None: the demo's); ``keep_models=False``: the saved checkpoints and final
+    model are deleted once evaluated (the run's log and events stay)."""
     config = rl_config(prepared, part, method, seed, steps, eval_every, prompts, fp32, pool, lr)
     rate = "" if lr is None else f"-lr{lr:g}"
     name = f"{part}-{regime}-{method}{rate}-seed{seed}" if regime else f"{part}-{method}{rate}-seed{seed}"
@@ -246,9 +246,9 @@ def run(
         for step, path in sorted(models.items())
     ]
     eval_seconds = time.time() - started_eval
-    if not keep_models:
-        for path in models.values():
-            shutil.rmtree(path)
+    if not keep_models:  # every saved model: the last checkpoint too, which the final model stands in for
+        for path in ("checkpoints", "final_model"):
+            shutil.rmtree(os.path.join(run_dir, path), ignore_errors=True)
     return {
         "group": config.samples_per_prompt,
         "steps": logged,

@@ -261,16 +261,16 @@ def speed_body(document, analyses, plots, heading="###"):
     protocol = document["protocol"]
     dates = sorted({run["date"] for run in runs} | {t["date"] for t in document["tasks"].values()})
     machines = sorted({run["machine"] for run in runs})
-    hours = (
+    minutes = (
         sum(run["process_seconds"] + run["eval_seconds"] for run in runs)
         + sum(t["sft_seconds"] or 0.0 for t in document["tasks"].values())
-    ) / 3600
+    ) / 60
     seeds = sorted({run["seed"] for run in runs})
     lrs = sorted({run["lr"] for run in runs})
     lines = [
         "Command: `.venv/bin/python benchmarks/bench_speed.py --out benchmarks/results` (the sweep, then the study, "
         "each run appended as it ends; see its docstring), then `benchmarks/report.py`. "
-        f"Machine: {'; '.join(machines)}. Dates: {dates[0]} to {dates[-1]}. Duration: {hours:.1f} hours of runs, "
+        f"Machine: {'; '.join(machines)}. Dates: {dates[0]} to {dates[-1]}. Duration: {minutes:.0f} minutes of runs, "
         f"evaluations and warm starts ({len(runs)} runs). Seeds: {', '.join(map(str, seeds))}; rates: "
         f"{', '.join(f'{lr:g}' for lr in lrs)}.",
         "",

@@ -234,6 +234,7 @@ def test_the_speed_report_states_what_was_measured(tmp_path):
     for name in ("speed_fresh.png", "speed_runs_fresh.png"):
         assert (tmp_path / name).exists() and f"]({name})" in text
     assert "Machine: test CPU, 2 CPUs. Dates: 2026-11-26 to 2026-11-27." in text
+    assert "Duration: 122 minutes of runs, evaluations and warm starts (32 runs)" in text  # 32 x 210 s + 600 s
     assert "Seeds: 0, 1, 2, 3; rates: 5e-05, 0.0001, 0.0002." in text
     assert "(warm start + 25% / 50% / 75% of the gap to 1.0): 0.550, 0.700, 0.850" in text
     assert "Budget: GRPO's seed-mean total wall time at lr 0.0002 (seeds 0, 1), 150 s." in text
