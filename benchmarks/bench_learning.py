@@ -32,6 +32,9 @@ Three parts:
   complete 10% of their screened-out prompts (``--d3s.pilot_audit``) to count false rejects. Cost on 2 CPU cores
   (2026-11-25/26): its own SFT warm start 5 to 19 minutes (the longer under load), then 27 to 33 minutes a seed.
 
+The speed study (``benchmarks/bench_speed.py``) launches its runs through :func:`run` too: its arms are
+``PARTS["speed"]``, at the screen part's fixed steps and regimes, each at the learning rate its sweep chose.
+
 GRPO runs as ``--d3s.preset d1s`` with N = G (nothing dropped: upstream's batch path, the same update as D3S off)
 so that it logs the share of zero-variance groups like the other methods.
 
@@ -63,6 +66,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -114,6 +118,18 @@ PARTS["screen"] = {
     "D3S": PARTS["d3s"]["D3S"],
     "D3S+screen+history": (G, PARTS["d3s"]["D3S"][1] + SCREEN + ["--d3s.prompt_skip", "history"]),
 }
+# the speed study's arms (benchmarks/bench_speed.py, run there alone): the papers' arms at G = 16, each at its tuned
+# rate, at the screen part's fixed steps; PODS trains m = 4 of its n = 16. The generation level's arms go here too
+# (GRPO + screening is the screen part's; D3S + history and D3S + screening at k = 4 and 8 are to come).
+PARTS["speed"] = {
+    "GRPO": PARTS["screen"]["GRPO"],
+    "GRPO+DF": PARTS["screen"]["GRPO+DF"],
+    "PODS": PARTS["pods"]["PODS"],
+    "D3S": PARTS["d3s"]["D3S"],
+    "D3S-I": PARTS["d3s"]["D3S-I"],
+    "GRPO+screen": PARTS["screen"]["GRPO+screen"],
+}
+FIXED_STEP_PARTS = ("screen", "speed")  # every arm trains the same --steps, in the regimes passes and fresh
 RESULTS_FILES = {"pods": "learning_study.json", "d3s": "learning_study.json", "screen": "generation_study.json"}
 KEYS = (
     "rollout/reward_mean",
@@ -153,18 +169,20 @@ def drops_prompts(part, method):
     return any(flag in flags for flag in ("--d3s.pilot_rollouts", "--d3s.prompt_skip", *DYNAMIC_FILTERING))
 
 
-def rl_config(prepared, part, method, seed, steps, eval_every, prompts=PROMPTS, fp32=True, pool=None):
-    """The run's configuration: ``steps`` rollout steps over the first ``pool`` RL prompts (the screen part: the
-    pool of the passes regime, or the whole RL split of the fresh one).
+def rl_config(prepared, part, method, seed, steps, eval_every, prompts=PROMPTS, fp32=True, pool=None, lr=None):
+    """The run's configuration: ``steps`` rollout steps over the first ``pool`` RL prompts (the screen and speed
+    parts: the pool of the passes regime, or the whole RL split of the fresh one), at learning rate ``lr`` (None:
+    the demo's 2e-4).
 
-    In the screen part every arm trains exactly ``steps`` steps with --d3s.schedule_steps ``steps``: the arms that
-    drop prompts by their fixed steps, cycling over the pool as often as they need, the others by upstream's passes
-    (whole passes over the pool; over a pool of more than ``steps`` x ``prompts``, one pass over its first ones).
+    In the screen and speed parts every arm trains exactly ``steps`` steps with --d3s.schedule_steps ``steps``: the
+    arms that drop prompts by their fixed steps, cycling over the pool as often as they need, the others by
+    upstream's passes (whole passes over the pool; over a pool of more than ``steps`` x ``prompts``, one pass over
+    its first ones).
     """
     group, flags = PARTS[part][method]
     pass_steps, episodes = steps, 1
     extra = list(flags)
-    if part == "screen":
+    if part in FIXED_STEP_PARTS:
         pass_steps = pool // prompts
         if not drops_prompts(part, method):
             pass_steps = min(pass_steps, steps)
@@ -173,9 +191,10 @@ def rl_config(prepared, part, method, seed, steps, eval_every, prompts=PROMPTS, 
     config = pipeline.demo_rl_config(pipeline.TaskConfig(), episodes=episodes, prepared=prepared)
     if eval_every:
         extra += ["--ckpt.save_steps", eval_every, "--ckpt.save_hf", "--ckpt.disable_ds"]
-    return dataclasses.replace(
+    config = dataclasses.replace(
         config, prompts_per_step=prompts, samples_per_prompt=group, steps=pass_steps, seed=seed, extra=extra, fp32=fp32
     )
+    return config if lr is None else dataclasses.replace(config, lr=lr)
 
 
 def run(
@@ -192,12 +211,18 @@ def run(
     fp32=True,
     regime=None,
     pool=None,
+    lr=None,
+    keep_models=True,
 ):
     """One RL run and its held-out evaluations; returns the per-step metrics and the evaluation curve. ``regime``
-    (screen part): "passes" over the first ``pool`` prompts, or "fresh" ones (``pool``: the whole RL split)."""
-    config = rl_config(prepared, part, method, seed, steps, eval_every, prompts, fp32, pool)
-    name = f"{part}-{regime}-{method}-seed{seed}" if regime else f"{part}-{method}-seed{seed}"
+    (screen and speed parts): "passes" over the first ``pool`` prompts, or "fresh" ones (``pool``: the whole RL
+    split); ``lr``: the learning rate (None: the demo's); ``keep_models=False``: the saved checkpoints and final
+    model are deleted once evaluated (the run's log and events stay)."""
+    config = rl_config(prepared, part, method, seed, steps, eval_every, prompts, fp32, pool, lr)
+    rate = "" if lr is None else f"-lr{lr:g}"
+    name = f"{part}-{regime}-{method}{rate}-seed{seed}" if regime else f"{part}-{method}{rate}-seed{seed}"
     run_dir = os.path.join(workdir, name)
+    shutil.rmtree(run_dir, ignore_errors=True)  # a run stopped before: its events and checkpoints would mix in
     command = pipeline.launcher_command(
         pipeline.D3S_ENTRYPOINT, pipeline.ppo_args(prepared.sft_model, prepared.task, run_dir, config), config.fp32
     )
@@ -220,12 +245,16 @@ def run(
         {"step": step, **evaluate.heldout_accuracy(path, prepared.task.heldout, **evaluation)}
         for step, path in sorted(models.items())
     ]
+    eval_seconds = time.time() - started_eval
+    if not keep_models:  # every saved model: the last checkpoint too, which the final model stands in for
+        for path in ("checkpoints", "final_model"):
+            shutil.rmtree(os.path.join(run_dir, path), ignore_errors=True)
     return {
         "group": config.samples_per_prompt,
         "steps": logged,
         "heldout": curve,
         "process_seconds": seconds,
-        "eval_seconds": time.time() - started_eval,
+        "eval_seconds": eval_seconds,
     }
 
 
@@ -239,7 +268,11 @@ def parse_options(argv=None):
     parser.add_argument("--out", default=str(HERE / "results"), help="results directory")
     parser.add_argument("--workdir", default=None, help="scratch directory (default: OUT/learning_runs)")
     parser.add_argument(
-        "--parts", nargs="+", default=["pods", "d3s"], choices=list(PARTS), help="default: pods d3s; screen runs alone"
+        "--parts",
+        nargs="+",
+        default=["pods", "d3s"],
+        choices=list(RESULTS_FILES),
+        help="default: pods d3s; screen runs alone (the speed study: benchmarks/bench_speed.py)",
     )
     parser.add_argument("--methods", nargs="+", default=None, help="only these methods (names as in PARTS)")
     parser.add_argument("--regimes", nargs="+", default=list(REGIMES), choices=REGIMES, help="the screen part's")
@@ -288,13 +321,20 @@ def parse_options(argv=None):
         options.steps = SCREEN_STEPS if screen else 100
     if options.eval_every is None:
         options.eval_every = 25 if screen else 20
-    batches = options.pool // options.prompts
-    if screen and "passes" in options.regimes and (options.pool % options.prompts or options.steps % batches):
-        raise SystemExit(
-            f"--pool {options.pool} must be a multiple of --prompts {options.prompts} whose batches ({batches}) "
-            f"divide --steps {options.steps}: the arms that drop no prompt train whole passes over it"
-        )
+    if screen and "passes" in options.regimes:
+        check_pool(options.pool, options.prompts, options.steps)
     return options
+
+
+def check_pool(pool, prompts, steps):
+    """The passes regime's pool: whole batches that divide the steps (the arms that drop no prompt train whole
+    passes over it)."""
+    batches = pool // prompts
+    if pool % prompts or not batches or steps % batches:
+        raise SystemExit(
+            f"--pool {pool} must be a multiple of --prompts {prompts} whose batches ({batches}) divide --steps "
+            f"{steps}: the arms that drop no prompt train whole passes over it"
+        )
 
 
 def task_overrides(options):
@@ -310,18 +350,22 @@ def task_overrides(options):
     return dict(n_sft=64, n_prompts=3 * options.prompts, n_heldout=16, sft_epochs=1) if options.quick else {}
 
 
-def prepare_task(options, task_config, workdir):
-    """The SFT warm start, shared by every part run alone with the same task split; ``(prepared, SFT seconds or None
-    when reused)``."""
-    task_name = re.sub(r"\W+", "_", options.task)
-    split = f"-prompts{task_config.n_prompts}" if options.parts == ["screen"] else ""
-    prepare_dir = os.path.join(workdir, f"task-{task_name}-{options.precision}{split}")
+def task_dir_name(task):
+    """A task's import path or file as a directory name."""
+    return re.sub(r"\W+", "_", task)
+
+
+def prepare_task(task, precision, task_config, workdir, split=""):
+    """The SFT warm start in ``workdir``, shared by every run with the same task, precision and ``split`` (a name
+    for the task config's sizes where they are not the task's own); ``(prepared, SFT seconds or None when
+    reused)``."""
+    prepare_dir = os.path.join(workdir, f"task-{task_dir_name(task)}-{precision}{split}")
     if os.path.exists(os.path.join(prepare_dir, "prepared.json")):
         prepared = pipeline.Prepared(**load(os.path.join(prepare_dir, "prepared.json")))
         return dataclasses.replace(prepared, task=pipeline.TaskFiles(**prepared.task)), None
     started = time.time()
     prepared = pipeline.prepare(
-        prepare_dir, task_config, log_path=os.path.join(workdir, "sft.log"), fp32=options.precision == "fp32"
+        prepare_dir, task_config, log_path=os.path.join(workdir, "sft.log"), fp32=precision == "fp32"
     )
     Path(prepare_dir, "prepared.json").write_text(json.dumps(dataclasses.asdict(prepared)))
     return prepared, time.time() - started
@@ -352,7 +396,8 @@ def main(argv=None):
             f"the task config has {task_config.n_prompts}"
         )
     started = time.time()
-    prepared, sft_seconds = prepare_task(options, task_config, workdir)
+    split = f"-prompts{task_config.n_prompts}" if options.parts == ["screen"] else ""
+    prepared, sft_seconds = prepare_task(options.task, options.precision, task_config, workdir, split)
     evaluation = dict(task=options.task, max_new_tokens=prepared.max_new_tokens, samples=options.eval_samples)
     if "sft_heldout" not in document or sft_seconds is not None:  # a new warm start is evaluated anew
         document["sft_heldout"] = evaluate.heldout_accuracy(

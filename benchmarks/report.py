@@ -6,12 +6,13 @@ Reads ``step_cost.json`` (bench_step_cost.py), ``learning_study.json`` (bench_le
 ``selection.json`` (bench_selection.py), ``memory.json``, ``forward.json``, ``forward_gpu.json`` (where a GPU
 ran it), ``generation_study.json`` (bench_learning.py --parts screen, section 6), ``evaluate.json`` (bench_evaluate.py,
 section 7), ``screening.json`` (bench_screening.py, section 8), ``lora_sync_before.json`` / ``lora_sync_after.json``
-(bench_lora_sync.py, section 9), and for section 10 ``gpu_h200_2026-11-26.json`` (the team's H200 measurement),
-``actor_gpu*.json`` (bench_actor_gpu.py) and ``cuda_tests.json`` (the suite's CUDA tests on a GPU machine).
-``--study learning_study.json --output STUDY.md`` instead writes the study alone (tables, Welch tests, the claims,
-``STUDY.png``). Every number, comparison and verdict in the document is computed from those files (by
-``benchmarks/reporting/``; this file parses the command line and assembles the document), so a rerun of
-``benchmarks/run_all.sh`` regenerates the whole document consistently.
+(bench_lora_sync.py, section 9), for section 10 ``gpu_h200_2026-11-26.json`` (the team's H200 measurement),
+``actor_gpu*.json`` (bench_actor_gpu.py) and ``cuda_tests.json`` (the suite's CUDA tests on a GPU machine), and
+``speed_study.json`` (bench_speed.py, section 11, where it ran). ``--study learning_study.json --output STUDY.md``
+instead writes the study alone (tables, Welch tests, the claims, ``STUDY.png``); ``--speed speed_study.json
+--output SPEED.md`` the speed study alone, with its plots beside it. Every number, comparison and verdict in the
+document is computed from those files (by ``benchmarks/reporting/``; this file parses the command line and assembles
+the document), so a rerun of ``benchmarks/run_all.sh`` regenerates the whole document consistently.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from reporting.sections import (
     step_cost_section,
     summary,
 )
+from reporting.speed_doc import speed_main, speed_section
 from reporting.study import study_analysis
 from reporting.study_doc import plot_study, study_body
 
@@ -98,9 +100,14 @@ def main(argv=None):
         default=None,
         help="instead: the study report of this learning_study.json (bench_learning.py), written to --output",
     )
+    parser.add_argument(
+        "--speed", default=None, help="instead: the report of this speed_study.json (bench_speed.py), to --output"
+    )
     options = parser.parse_args(argv)
     if options.study:
         return study_main(options.study, options.output)
+    if options.speed:
+        return speed_main(options.speed, options.output)
     results = Path(options.results)
     selection = json.loads((results / "selection.json").read_text())
     cost = json.loads((results / "step_cost.json").read_text())
@@ -140,6 +147,8 @@ def main(argv=None):
     cuda_tests = results / "cuda_tests.json"
     cuda_tests = json.loads(cuda_tests.read_text()) if cuda_tests.exists() else None
     document += [*gpu_actor_section(gpu_actor_documents(results), 10, cuda_tests), ""]
+    if (results / "speed_study.json").exists():
+        document += [*speed_section(results / "speed_study.json", 11), ""]
     Path(options.output).write_text("\n".join(document))
     print(f"wrote {options.output} and the plots in {results}")
 

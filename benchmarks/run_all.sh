@@ -9,6 +9,8 @@
 #   benchmarks/results/actor_gpu_full_depth.json, and pytest -m cuda tests/core tests/cuda;
 #   the study (bench_learning.py): 72 minutes measured on 2026-11-25 (SFT 4, --parts pods 24, --parts d3s 44);
 #   the generation level's study (bench_learning.py --parts screen): about 100 minutes (SFT 5-19, 27-33 a seed);
+#   the speed study (bench_speed.py: the learning-rate sweep, then the study; resumable, each run appended): about
+#   6 hours, estimated (120 runs of 2.5-3 minutes, two SFT warm starts of 5-19 minutes);
 #   bench_evaluate.py: about 3 minutes (2026-11-25);
 #   bench_lora_sync.py: under a minute;
 #   report.py: seconds.
@@ -22,6 +24,7 @@ PY=.venv/bin/python
 "$PY" benchmarks/bench_forward.py
 "$PY" benchmarks/bench_learning.py --out benchmarks/results
 "$PY" benchmarks/bench_learning.py --parts screen --out benchmarks/results
+"$PY" benchmarks/bench_speed.py --out benchmarks/results
 PYTHONPATH=$PWD "$PY" benchmarks/bench_evaluate.py
 "$PY" benchmarks/bench_lora_sync.py --label after  # its 'before' runs on an older commit: see its docstring
 "$PY" benchmarks/report.py --results benchmarks/results

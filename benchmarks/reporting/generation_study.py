@@ -22,14 +22,17 @@ COSTS = ("generated", "generation", "wall")  # cumulative per step: generated to
 REGIMES = {"passes": "several passes over {pool} prompts", "fresh": "one pass over fresh prompts"}
 
 
+def generated_tokens(step):
+    """The response tokens one logged step generated: every rollout (pilots, audits and filtered groups included)
+    where D3S counted them, else the trained ones."""
+    return step.get("d3s/generated_tokens", step["rollout/response_length_mean"] * step["rollout/num_samples"])
+
+
 def _costs(run):
-    """Cumulative generated response tokens (every rollout generated: pilots, audits and filtered groups
-    included), generation time and step time of one run, per step."""
+    """Cumulative generated response tokens, generation time and step time of one run, per step."""
     steps = run["steps"]
-    trained = [s["rollout/response_length_mean"] * s["rollout/num_samples"] for s in steps]
-    generated = [s.get("d3s/generated_tokens", tokens) for s, tokens in zip(steps, trained)]
     return dict(
-        generated=np.cumsum(generated),
+        generated=np.cumsum([generated_tokens(s) for s in steps]),
         generation=np.cumsum([s["timing/generation"] for s in steps]),
         wall=np.cumsum([s["timing/step_total"] for s in steps]),
     )

@@ -38,30 +38,48 @@ def split_of(prompt):
     return next(split for split, buckets in BUCKETS.items() if bucket in buckets)
 
 
-def trace(terms, rng=None):
-    """The written trace of ``terms``; with ``rng``, each units carry is dropped with probability DROP_CARRY."""
+def add(total, term, rng=None, columns=1):
+    """``total + term`` written column by column; with ``rng``, each carry out of one of the lowest ``columns`` digit
+    columns is dropped with probability DROP_CARRY (the written sum is then ``10 ** (column + 1)`` too small)."""
+    written, carry, column = 0, 0, 0
+    while total // 10**column or term // 10**column or carry:
+        digits = total // 10**column % 10 + term // 10**column % 10 + carry
+        carry = int(digits >= 10)
+        if carry and column < columns and rng is not None and rng.random() < DROP_CARRY:
+            carry = 0
+        written += digits % 10 * 10**column
+        column += 1
+    return written
+
+
+def trace(terms, rng=None, columns=1):
+    """The written trace of ``terms``; with ``rng``, carries dropped as :func:`add` drops them."""
     total, steps = terms[0], []
     for term in terms[1:]:
-        new = total + term
-        if rng is not None and (total % 10 + term % 10) >= 10 and rng.random() < DROP_CARRY:
-            new -= 10
+        new = add(total, term, rng, columns)
         steps.append(f"{total}+{term}={new}")
         total = new
     return ",".join(steps) + f";{total}"
 
 
-def make_examples(split, n, seed):
-    rng = random.Random(f"chainsum/{split}/{seed}")
+def chain_examples(name, split, n, seed, terms=TERMS, low=LOW, high=HIGH, columns=1):
+    """``n`` distinct chains of ``terms`` operands in ``low..high`` of ``split`` (seeded by ``name``, split and
+    seed); the SFT split's traces drop carries out of the lowest ``columns`` columns (the other splits' are exact)."""
+    rng = random.Random(f"{name}/{split}/{seed}")
     seen, rows = set(), []
     while len(rows) < n:
-        terms = [rng.randint(LOW, HIGH) for _ in range(rng.choice(TERMS))]
-        prompt = "+".join(map(str, terms)) + "="
+        chain = [rng.randint(low, high) for _ in range(rng.choice(terms))]
+        prompt = "+".join(map(str, chain)) + "="
         if prompt in seen or split_of(prompt) != split:
             continue
         seen.add(prompt)
-        noisy = trace(terms, rng) if split == "sft" else trace(terms)
-        rows.append({"prompt": prompt, "answer": str(sum(terms)), "sft_response": noisy})
+        noisy = trace(chain, rng, columns) if split == "sft" else trace(chain)
+        rows.append({"prompt": prompt, "answer": str(sum(chain)), "sft_response": noisy})
     return rows
+
+
+def make_examples(split, n, seed):
+    return chain_examples("chainsum", split, n, seed)
 
 
 def reward(response, answer):

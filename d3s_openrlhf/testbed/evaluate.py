@@ -10,7 +10,8 @@ def heldout_accuracy(model_path, heldout_path, samples=8, seed=0, task=tasks.DEF
     """Held-out accuracy under ``task``'s reward: ``greedy``; ``sampled``, the unbiased pass@1 of ``samples``
     responses per prompt at temperature 1 (as in training), and ``pass@<samples>``, both from
     :mod:`d3s_openrlhf.core.pass_at_k` (the estimator and correctness rule of ``d3s_openrlhf.cli.evaluate``); with
-    ``entropy``, the mean per-token entropy (nats) of the policy over the sampled response tokens."""
+    ``entropy``, the mean per-token entropy (nats) of the policy over the sampled response tokens. ``samples=0``:
+    ``greedy`` alone."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -53,6 +54,8 @@ def heldout_accuracy(model_path, heldout_path, samples=8, seed=0, task=tasks.DEF
         return correct, float((entropy * generated).sum() / generated.sum())
 
     greedy, _ = evaluate(False, 1)
+    if not samples:
+        return {"greedy": mean_pass_at_k(1, greedy, 1)}
     sampled, entropy = evaluate(True, samples)
     return {
         "greedy": mean_pass_at_k(1, greedy, 1),

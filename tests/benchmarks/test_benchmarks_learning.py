@@ -286,8 +286,9 @@ def test_a_wall_time_ratio_within_the_machines_drift_is_not_resolved():
 
 
 # -- the screen part (generation_study.json): equal steps, the section and its verdict -----------------------------
+@pytest.mark.parametrize("part", ["screen", "speed"])
 @pytest.mark.parametrize("regime, pool", [("passes", 200), ("fresh", 4000)])
-def test_every_arm_of_the_screen_part_trains_the_same_steps(regime, pool, tmp_path):
+def test_every_arm_of_the_screen_and_speed_parts_trains_the_same_steps(part, regime, pool, tmp_path):
     from d3s_openrlhf.cli.train_ppo_ray import resolve
     from d3s_openrlhf.integration import host
     from d3s_openrlhf.testbed import pipeline
@@ -296,12 +297,13 @@ def test_every_arm_of_the_screen_part_trains_the_same_steps(regime, pool, tmp_pa
     prompts.write_text("".join('{"input": "q%d", "label": "a"}\n' % i for i in range(4000)))
     files = pipeline.TaskFiles(sft="sft.jsonl", prompts=str(prompts), heldout="heldout.jsonl")
     prepared = pipeline.Prepared(base_model="base", sft_model="sft", task=files, reward_file="r.py")
-    for method in bench_learning.PARTS["screen"]:
-        config = bench_learning.rl_config(prepared, "screen", method, 0, 150, 25, pool=pool)
+    for method in bench_learning.PARTS[part]:
+        config = bench_learning.rl_config(prepared, part, method, 0, 150, 25, pool=pool, lr=1e-4)
         argv = [str(flag) for flag in pipeline.ppo_args("sft", files, str(tmp_path), config)]
+        assert argv[argv.index("--actor.adam.lr") + 1] == "0.0001"
         d3s, _, host_args, _ = resolve(argv)
         fixed = host.fixed_steps(d3s, host_args)
-        if bench_learning.drops_prompts("screen", method):  # its fixed steps, over the pool cycled as it needs
+        if bench_learning.drops_prompts(part, method):  # its fixed steps, over the pool cycled as it needs
             assert fixed == 150 and config.steps * config.prompts_per_step == pool, method
         else:  # upstream's passes: whole ones over the pool, or one pass over fresh prompts
             assert fixed is None and config.steps * config.episodes == 150, method

@@ -2,6 +2,8 @@
 lengths, and the designed spread of difficulty in its SFT traces."""
 
 import collections
+import hashlib
+import json
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -55,6 +57,14 @@ def test_splits_are_disjoint_across_seeds_and_deterministic():
     by_split = {split: {p for (s, _), ps in prompts.items() if s == split for p in ps} for split in tasks.SPLITS}
     assert not by_split["sft"] & by_split["rl"] and not by_split["sft"] & by_split["heldout"]
     assert not by_split["rl"] & by_split["heldout"]
+
+
+def test_examples_are_those_of_the_recorded_studies():
+    # the SFT warm starts and the studies in benchmarks/results were built from exactly these examples
+    digests = {"sft": "d203002ae49df5b6", "rl": "57e8a0fa235064f5", "heldout": "0140a1840b4eb3a3"}
+    for split, digest in digests.items():
+        rows = json.dumps(chainsum.make_examples(split, 500, 0)).encode()
+        assert hashlib.sha256(rows).hexdigest()[:16] == digest, split
 
 
 def test_responses_are_at_least_16_tokens_and_fit_the_budget():

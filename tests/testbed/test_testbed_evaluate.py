@@ -33,3 +33,14 @@ def test_heldout_accuracy_reports_unbiased_pass_at_k(tmp_path, monkeypatch):
     per_prompt = [[sampled[r * 3 + p] for r in range(4)] for p in range(3)]
     assert result["sampled"] == pytest.approx(sum(brute_force(o, 1) for o in per_prompt) / 3)
     assert result["pass@4"] == pytest.approx(sum(brute_force(o, 4) for o in per_prompt) / 3)
+
+
+def test_no_samples_is_greedy_alone(tmp_path, monkeypatch):
+    # the speed study reads only the greedy curve: no sampled responses generated (or scored) for it
+    model = toy.save_model_and_tokenizer(str(tmp_path / "model"))
+    rows = [{"input": e["prompt"], "label": e["answer"]} for e in addition.make_examples("heldout", 3, 0)]
+    heldout = toy.write_jsonl(str(tmp_path / "heldout.jsonl"), rows)
+    calls = []
+    monkeypatch.setattr(evaluate.tasks, "score", lambda task, response, label: calls.append(label) or 1.0)
+    assert evaluate.heldout_accuracy(model, heldout, samples=0) == {"greedy": 1.0}
+    assert len(calls) == 3

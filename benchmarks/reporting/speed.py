@@ -1,0 +1,263 @@
+"""The speed study's analysis (``speed_study.json``, benchmarks/bench_speed.py): pure functions of the recorded
+held-out curves, and :func:`speed_analysis`, which applies them per task and regime.
+
+A run's curve is its held-out greedy accuracy at the warm start (step 0) and every evaluation, each point with
+three clocks: the step, the wall time (the sum of the steps' ``timing/step_total``: Ray, vLLM and checkpoint
+saving excluded) and the generated response tokens so far. Between evaluations the curve is linear; after the
+run's end it stays at its last value (the model a run has at a later time is its last one).
+
+- **Time to a threshold** (:func:`time_to`): where the curve first reaches it, interpolated linearly between the
+  two evaluations around the crossing. A run that never reaches it is **censored** at its end: its value is the
+  run's end on that clock and a lower bound on the truth.
+- **Censored values in means and ratios** (:class:`Interval`): a mean over seeds with a censored seed is a lower
+  bound (``>=``); the ratio of an arm's mean to a baseline's is a lower bound where only the arm has censored
+  seeds, an upper bound (``<=``) where only the baseline has, and unknown where both have. Every bootstrap
+  resample's value is bounded the same way, so the interval's ends carry the same bound.
+- **Area under the curve up to a budget** (:func:`area`): the mean held-out greedy accuracy over wall time
+  ``[0, budget]``.
+- **The learning rate** (:func:`choose_lr`): per task, regime and arm, the rate of the sweep with the highest
+  seed-mean area up to the sweep's budget: GRPO's seed-mean total wall time at today's rate (``REFERENCE_LR``),
+  one budget shared by every arm and rate of that task and regime.
+- **A collapsed run** (:func:`collapsed`): its final held-out greedy accuracy is more than ``COLLAPSE`` below the
+  warm start's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+COLLAPSE = 0.1  # a run whose final greedy accuracy ends more than this below the warm start's has collapsed
+REFERENCE_LR = 2e-4  # today's rate: GRPO's total wall time at it is the sweep's budget
+CLOCKS = ("step", "wall", "generated")
+BASELINES = ("GRPO", "GRPO+DF")
+ALPHA = 0.05
+RESAMPLES = 2000  # bootstrap resamples of the seeds
+
+
+def _clock(curve, clock):
+    return np.array([point[clock] for point in curve], dtype=float)
+
+
+def value_at(curve, clock, at):
+    """The curve's held-out greedy accuracy at ``at`` on ``clock``: linear between evaluations, the last value
+    after the run's end."""
+    return float(np.interp(at, _clock(curve, clock), _clock(curve, "greedy")))
+
+
+def area(curve, budget, clock="wall"):
+    """The mean held-out greedy accuracy over ``[0, budget]`` on ``clock`` (the area under the curve, divided by
+    the budget)."""
+    xs, ys = _clock(curve, clock), _clock(curve, "greedy")
+    inside = xs < budget
+    grid = np.append(xs[inside], budget)
+    values = np.interp(grid, xs, ys)
+    return float(np.sum((grid[1:] - grid[:-1]) * (values[1:] + values[:-1]) / 2) / budget)
+
+
+def time_to(curve, threshold, clock):
+    """``(value, censored)``: where on ``clock`` the curve first reaches ``threshold``, interpolated linearly
+    between the evaluations around the crossing; ``(the run's end, True)`` if it never does."""
+    xs, ys = _clock(curve, clock), _clock(curve, "greedy")
+    hits = np.nonzero(ys >= threshold)[0]
+    if not len(hits):
+        return float(xs[-1]), True
+    i = int(hits[0])
+    if i == 0:
+        return float(xs[0]), False
+    share = (threshold - ys[i - 1]) / (ys[i] - ys[i - 1])
+    return float(xs[i - 1] + share * (xs[i] - xs[i - 1])), False
+
+
+def collapsed(curve, warm_start):
+    """Whether the run's final held-out greedy accuracy is more than ``COLLAPSE`` below the warm start's."""
+    return curve[-1]["greedy"] < warm_start - COLLAPSE - 1e-12
+
+
+def thresholds(warm_start, fractions):
+    """The accuracies ``warm start + fraction x (1 - warm start)``: set once per task, before its runs."""
+    return [warm_start + fraction * (1.0 - warm_start) for fraction in fractions]
+
+
+def choose_lr(areas):
+    """The rate of ``{lr: [area per seed]}`` with the highest mean area; among equal means, the lowest rate."""
+    return max(sorted(areas), key=lambda lr: (np.mean(areas[lr]), -lr))
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A point estimate and its 95% bootstrap interval; ``bound``: ``"="`` (measured), ``">="`` (point and ends are
+    lower bounds), ``"<="`` (upper bounds) or ``"?"`` (censored on both sides of a ratio: no bound)."""
+
+    point: float
+    low: float
+    high: float
+    bound: str = "="
+
+    def text(self, pattern="{:.2f}"):
+        if self.bound == "?":
+            return "- (censored in both)"
+        if math.isnan(self.point):
+            return "-"
+        mark = "" if self.bound == "=" else self.bound
+        low, high = (f"{mark}{pattern.format(v)}" for v in (self.low, self.high))
+        return f"{mark}{pattern.format(self.point)} [{low}, {high}]"
+
+
+def _percentiles(draws):
+    draws = np.asarray(draws, dtype=float)
+    draws = draws[np.isfinite(draws)]
+    if not len(draws):
+        return float("nan"), float("nan")
+    return tuple(
+        float(v) for v in np.percentile(draws, [100 * ALPHA / 2, 100 * (1 - ALPHA / 2)], method="inverted_cdf")
+    )
+
+
+def bootstrap_mean(values, rng, resamples=RESAMPLES):
+    """The seed mean of ``values`` (``(value, censored)`` per seed) with its bootstrap interval; a lower bound if a
+    seed is censored."""
+    points = np.array([v for v, _ in values], dtype=float)
+    draws = points[rng.integers(0, len(points), (resamples, len(points)))].mean(axis=1)
+    bound = ">=" if any(c for _, c in values) else "="
+    return Interval(float(points.mean()), *_percentiles(draws), bound)
+
+
+def bootstrap_ratio(arm, base, rng, resamples=RESAMPLES):
+    """The arm's seed mean over the baseline's (``(value, censored)`` per seed each), with a percentile interval
+    from resampling each side's seeds independently; bounded as :class:`Interval` says."""
+    a, b = (np.array([v for v, _ in values], dtype=float) for values in (arm, base))
+    censored = (any(c for _, c in arm), any(c for _, c in base))
+    bound = {(False, False): "=", (True, False): ">=", (False, True): "<=", (True, True): "?"}[censored]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        point = a.mean() / b.mean()
+        draws = a[rng.integers(0, len(a), (resamples, len(a)))].mean(axis=1) / b[
+            rng.integers(0, len(b), (resamples, len(b)))
+        ].mean(axis=1)
+    if not np.isfinite(point):  # the baseline's mean is 0: it had the threshold at the warm start
+        return Interval(float("nan"), float("nan"), float("nan"), bound)
+    return Interval(float(point), *_percentiles(draws), bound)
+
+
+def overlap(a, b):
+    """Whether two seed-mean intervals (:func:`bootstrap_mean`, measured or lower bounds) overlap: ``"yes"``,
+    ``"no"`` or ``"unknown"`` (a censored interval may still move up)."""
+    if a.bound == b.bound == "=":
+        return "yes" if a.low <= b.high and b.low <= a.high else "no"
+    if a.bound == b.bound == ">=":
+        return "unknown"
+    exact, bounded = (a, b) if a.bound == "=" else (b, a)
+    return "no" if bounded.low > exact.high else "unknown"  # already above, and it can only move up
+
+
+# -- the document --------------------------------------------------------------------------------------------------
+def _key(run):
+    return run["task"], run["regime"]
+
+
+def step_costs(runs):
+    """Seed means of a run's mean step time and the shares of it spent generating, making experience and training
+    (the rest: the weight broadcast)."""
+    totals = {key: [] for key in ("step", "generation", "experience", "training")}
+    for run in runs:
+        steps = run["steps"]
+        total = sum(steps["timing/step_total"])
+        totals["step"].append(total / len(steps["timing/step_total"]))
+        for name, key in (
+            ("generation", "timing/generation"),
+            ("experience", "timing/make_experience"),
+            ("training", "timing/ppo_train"),
+        ):
+            totals[name].append(sum(steps[key]) / total)
+    return {name: float(np.mean(values)) for name, values in totals.items()}
+
+
+def sweep_analysis(runs, budget, warm_start):
+    """Per arm and rate of the sweep's runs: seeds, areas up to ``budget``, final accuracies, collapsed seeds."""
+    sweep = {}
+    for run in runs:
+        entry = sweep.setdefault(run["arm"], {}).setdefault(run["lr"], dict(seeds=[], area=[], final=[], collapsed=[]))
+        entry["seeds"].append(run["seed"])
+        entry["area"].append(area(run["curve"], budget) if budget else float("nan"))
+        entry["final"].append(run["curve"][-1]["greedy"])
+        if collapsed(run["curve"], warm_start):
+            entry["collapsed"].append(run["seed"])
+    return sweep
+
+
+def arm_analysis(runs, levels, grpo_wall, warm_start):
+    """One arm's study runs (its chosen rate): final accuracy, collapses, times to each threshold per clock,
+    accuracy at and area up to GRPO's total wall time (None without GRPO), step costs."""
+    times = [{clock: [time_to(run["curve"], level, clock) for run in runs] for clock in CLOCKS} for level in levels]
+    rng = np.random.default_rng(0)
+    return dict(
+        seeds=sorted(run["seed"] for run in runs),
+        final=[run["curve"][-1]["greedy"] for run in runs],
+        collapsed=[run["seed"] for run in runs if collapsed(run["curve"], warm_start)],
+        total_wall=float(np.mean([run["curve"][-1]["wall"] for run in runs])),
+        times=times,
+        mean_times=[{clock: bootstrap_mean(level[clock], rng) for clock in CLOCKS} for level in times],
+        at_grpo_wall=None if grpo_wall is None else [value_at(run["curve"], "wall", grpo_wall) for run in runs],
+        area=None if grpo_wall is None else [area(run["curve"], grpo_wall) for run in runs],
+        costs=step_costs(runs),
+    )
+
+
+def regime_analysis(document, task, regime):
+    """The study of one task and regime: the sweep with its budget and choices, every collapsed run, each arm at
+    its chosen rate, and the ratios of its times to each baseline's (GRPO, GRPO + DF, each at its own chosen rate)
+    with their intervals and whether the seed-mean intervals overlap."""
+    own = [run for run in document["runs"] if _key(run) == (task, regime)]
+    spec = document["tasks"][task]
+    warm_start, levels = spec["warm_start"]["greedy"], spec["thresholds"]
+    sweep_runs = [run for run in own if run["phase"] == "sweep"]
+    reference = [
+        run for run in sweep_runs if run["arm"] == "GRPO" and math.isclose(run["lr"], REFERENCE_LR, rel_tol=1e-9)
+    ]
+    budget = float(np.mean([run["curve"][-1]["wall"] for run in reference])) if reference else None
+    sweep = sweep_analysis(sweep_runs, budget, warm_start)
+    chosen = {}
+    if budget:
+        chosen = {arm: choose_lr({lr: e["area"] for lr, e in rates.items()}) for arm, rates in sweep.items()}
+    study = {arm: [run for run in own if run["arm"] == arm and run["lr"] == lr] for arm, lr in chosen.items()}
+    grpo_wall = float(np.mean([run["curve"][-1]["wall"] for run in study["GRPO"]])) if "GRPO" in study else None
+    arms = {arm: arm_analysis(runs, levels, grpo_wall, warm_start) for arm, runs in study.items()}
+    for arm, m in arms.items():
+        m["lr"] = chosen[arm]
+        m["ratios"], m["overlap"] = {}, {}
+        for base in (b for b in BASELINES if b in arms):
+            rng = np.random.default_rng(0)
+            m["ratios"][base] = [
+                {clock: bootstrap_ratio(mine[clock], theirs[clock], rng) for clock in CLOCKS}
+                for mine, theirs in zip(m["times"], arms[base]["times"])
+            ]
+            m["overlap"][base] = [
+                {clock: overlap(mine[clock], theirs[clock]) for clock in CLOCKS}
+                for mine, theirs in zip(m["mean_times"], arms[base]["mean_times"])
+            ]
+    collapses = [
+        dict(arm=run["arm"], lr=run["lr"], seed=run["seed"], phase=run["phase"], final=run["curve"][-1]["greedy"])
+        for run in own
+        if collapsed(run["curve"], warm_start)
+    ]
+    return dict(
+        task=task,
+        regime=regime,
+        warm_start=warm_start,
+        thresholds=levels,
+        budget=budget,
+        reference_seeds=sorted(run["seed"] for run in reference),
+        sweep=sweep,
+        chosen=chosen,
+        grpo_wall=grpo_wall,
+        arms=arms,
+        collapses=collapses,
+    )
+
+
+def speed_analysis(document):
+    """:func:`regime_analysis` of every task and regime with runs, in the order they were first recorded."""
+    keys = list(dict.fromkeys(_key(run) for run in document["runs"]))
+    return [regime_analysis(document, task, regime) for task, regime in keys]

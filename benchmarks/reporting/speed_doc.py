@@ -1,0 +1,329 @@
+"""The speed study in the documents (``speed_study.json``, benchmarks/bench_speed.py): per regime a plot of the study's
+seed-mean curves with their seed range and a plot of every run's curve; per task and regime the learning-rate sweep
+and its choice, the collapsed runs, each arm at its chosen rate, the times to the thresholds and their ratios to the
+baselines. It states what was measured: no verdicts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from .speed import BASELINES, CLOCKS, COLLAPSE, REFERENCE_LR, speed_analysis, value_at
+from .stats import mean_std
+from .study_doc import STUDY_COLORS
+
+REGIME_TITLES = {"passes": "several passes over {pool} prompts", "fresh": "one pass over fresh prompts"}
+CLOCK_LABELS = {"step": "RL step", "wall": "wall time of the steps (s)", "generated": "generated response tokens"}
+CLOCK_COLUMNS = {"step": "steps", "wall": "wall s", "generated": "generated tokens"}
+LR_COLORS = ("tab:green", "tab:blue", "tab:red", "tab:purple", "tab:orange", "tab:brown")
+GRID = 60  # points of the seed-mean curves on the wall-time and token clocks
+ARM_COLORS = {**STUDY_COLORS, "GRPO+DF": "tab:red", "GRPO+screen": "tab:brown"}
+
+
+def _task_name(task):
+    return task.rsplit(".", 1)[-1]
+
+
+def _runs(document, task, regime):
+    return [run for run in document["runs"] if (run["task"], run["regime"]) == (task, regime)]
+
+
+def seed_band(runs, clock):
+    """The grid (0 to the shortest run's end on ``clock``), the seed-mean curve and the seed range on it."""
+    end = min(run["curve"][-1][clock] for run in runs)
+    grid = np.linspace(0.0, end, GRID)
+    values = np.array([[value_at(run["curve"], clock, x) for x in grid] for run in runs])
+    return grid, values.mean(axis=0), values.min(axis=0), values.max(axis=0)
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_study(document, analyses, regime, path):
+    """One row per task of ``regime``: each arm at its chosen rate against steps, wall time and generated tokens
+    (seed mean, shaded: the seed range), the thresholds dotted."""
+    plt = _pyplot()
+    rows = [a for a in analyses if a["regime"] == regime and a["arms"]]
+    figure, axes = plt.subplots(len(rows), 3, figsize=(16, 4.2 * len(rows)), squeeze=False)
+    for row, analysed in zip(axes, rows):
+        runs = _runs(document, analysed["task"], regime)
+        for arm, m in analysed["arms"].items():
+            mine = [run for run in runs if run["arm"] == arm and run["lr"] == m["lr"]]
+            color = ARM_COLORS.get(arm)
+            for axis, clock in zip(row, CLOCKS):
+                grid, mean, low, high = seed_band(mine, clock)
+                axis.plot(grid, mean, color=color, label=f"{arm} (lr {m['lr']:g}, {len(mine)} seeds)")
+                axis.fill_between(grid, low, high, color=color, alpha=0.12)
+        for axis, clock in zip(row, CLOCKS):
+            for level in analysed["thresholds"]:
+                axis.axhline(level, color="black", linestyle=":", linewidth=1)
+            axis.set_xlabel(CLOCK_LABELS[clock])
+            axis.set_ylabel(f"{_task_name(analysed['task'])}: held-out greedy accuracy")
+            axis.grid(alpha=0.3)
+        row[0].legend(fontsize=8)
+    figure.suptitle(f"Speed study, {REGIME_TITLES[regime].format(pool=document['protocol']['pool'])}")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def plot_runs(document, analyses, regime, path):
+    """Every run's curve against wall time: one row per task of ``regime``, one panel per arm, one colour per
+    rate (thick: the chosen one), the sweep's budget dashed."""
+    plt = _pyplot()
+    rows = [a for a in analyses if a["regime"] == regime]
+    arms = list(dict.fromkeys(run["arm"] for a in rows for run in _runs(document, a["task"], regime)))
+    lrs = sorted({run["lr"] for run in document["runs"]})
+    figure, axes = plt.subplots(len(rows), len(arms), figsize=(3.6 * len(arms), 3.4 * len(rows)), squeeze=False)
+    for row, analysed in zip(axes, rows):
+        runs = _runs(document, analysed["task"], regime)
+        for axis, arm in zip(row, arms):
+            for run in (run for run in runs if run["arm"] == arm):
+                chosen = analysed["chosen"].get(arm) == run["lr"]
+                axis.plot(
+                    [p["wall"] for p in run["curve"]],
+                    [p["greedy"] for p in run["curve"]],
+                    color=LR_COLORS[lrs.index(run["lr"]) % len(LR_COLORS)],
+                    linewidth=2.0 if chosen else 0.8,
+                )
+            if analysed["budget"]:
+                axis.axvline(analysed["budget"], color="black", linestyle="--", linewidth=1)
+            axis.axhline(analysed["warm_start"] - COLLAPSE, color="gray", linestyle=":", linewidth=1)
+            axis.set_title(f"{_task_name(analysed['task'])}: {arm}", fontsize=9)
+            axis.set_xlabel("wall time of the steps (s)", fontsize=8)
+            axis.set_ylim(-0.02, 1.02)
+            axis.grid(alpha=0.3)
+    handles = [plt.Line2D([], [], color=LR_COLORS[i % len(LR_COLORS)], label=f"lr {lr:g}") for i, lr in enumerate(lrs)]
+    figure.legend(handles=handles, loc="upper right", fontsize=8)
+    figure.suptitle(
+        f"Every run, {REGIME_TITLES[regime].format(pool=document['protocol']['pool'])}: held-out greedy accuracy "
+        "(thick: the chosen rate; dashed: the sweep's budget; dotted: the collapse line)",
+        fontsize=10,
+    )
+    figure.tight_layout(rect=(0, 0, 1, 0.95))
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
+
+
+def _sweep_lines(analysed):
+    lrs = sorted({lr for rates in analysed["sweep"].values() for lr in rates})
+    budget = analysed["budget"]
+    if budget is None:
+        head = (
+            f"**Learning rates.** No choice yet: the sweep's budget is GRPO's total wall time at lr {REFERENCE_LR:g}, "
+            "which has no run here."
+        )
+    else:
+        seeds = ", ".join(map(str, analysed["reference_seeds"]))
+        head = (
+            f"**Learning rates.** Budget: GRPO's seed-mean total wall time at lr {REFERENCE_LR:g} (seeds {seeds}), "
+            f"{budget:.0f} s. Per arm and rate: the mean held-out greedy accuracy over wall time [0, budget] (the "
+            "area under the curve over the budget; seed mean, seeds in brackets), then the final accuracy; the "
+            "chosen rate has the highest mean area."
+        )
+    lines = [
+        head,
+        "",
+        "| arm | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " | chosen |",
+        "|---" * (len(lrs) + 2) + "|",
+    ]
+    for arm, rates in analysed["sweep"].items():
+        cells = []
+        for lr in lrs:
+            if lr not in rates:
+                cells.append("-")
+                continue
+            e = rates[lr]
+            collapsed = f", {len(e['collapsed'])} collapsed" if e["collapsed"] else ""
+            area = "-" if budget is None else f"{np.mean(e['area']):.3f}"
+            cell = f"{area} ({len(e['seeds'])}); final {np.mean(e['final']):.3f}{collapsed}"
+            cells.append(f"**{cell}**" if analysed["chosen"].get(arm) == lr else cell)
+        chosen = analysed["chosen"].get(arm)
+        lines.append(f"| {arm} | {' | '.join(cells)} | {'-' if chosen is None else f'{chosen:g}'} |")
+    return lines
+
+
+def _collapse_lines(analysed):
+    head = (
+        f"**Collapsed runs** (final held-out greedy more than {COLLAPSE} below the warm start's "
+        f"{analysed['warm_start']:.3f}):"
+    )
+    if not analysed["collapses"]:
+        return [f"{head} none."]
+    runs = [
+        f"{c['arm']} lr {c['lr']:g} seed {c['seed']} ({c['phase']}): {c['final']:.3f}" for c in analysed["collapses"]
+    ]
+    counts = {}
+    for c in analysed["collapses"]:
+        counts[c["arm"]] = counts.get(c["arm"], 0) + 1
+    per_arm = ", ".join(f"{arm} {n}" for arm, n in counts.items())
+    return [f"{head} {len(runs)} (per arm: {per_arm}): " + "; ".join(runs) + "."]
+
+
+def _arm_lines(analysed):
+    grpo_wall = analysed["grpo_wall"]
+    at = "-" if grpo_wall is None else f"{grpo_wall:.0f} s"
+    lines = [
+        f"**At the chosen rates.** Accuracy at GRPO's seed-mean total wall time ({at}; an arm that ended sooner "
+        "keeps its last accuracy), the area under the curve up to it, and the step costs (the seed-mean step time "
+        "and its shares: generation, experience making, training; the rest is the weight broadcast):",
+        "",
+        "| arm | lr | seeds | final greedy | collapsed | greedy at GRPO's wall time | area to it | total wall s "
+        "| step s | generation | experience | training |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for arm, m in analysed["arms"].items():
+        costs = m["costs"]
+        at_wall = "-" if m["at_grpo_wall"] is None else mean_std(m["at_grpo_wall"])
+        area = "-" if m["area"] is None else mean_std(m["area"])
+        lines.append(
+            f"| {arm} | {m['lr']:g} | {', '.join(map(str, m['seeds']))} | {mean_std(m['final'])} | "
+            f"{len(m['collapsed'])} | {at_wall} | {area} | {m['total_wall']:.0f} | {costs['step']:.2f} | "
+            f"{costs['generation']:.0%} | {costs['experience']:.0%} | {costs['training']:.0%} |"
+        )
+    return lines
+
+
+def _time_lines(analysed):
+    lines = [
+        "**Time to each threshold** (seed mean with its 95% bootstrap interval over seeds; interpolated linearly "
+        "between evaluations; a seed that never reached the threshold counts at its run's end, which makes the mean "
+        "a lower bound, marked >=):",
+        "",
+        "| threshold | arm | never reached | " + " | ".join(CLOCK_COLUMNS[c] for c in CLOCKS) + " |",
+        "|---|---|---|---|---|---|",
+    ]
+    for i, level in enumerate(analysed["thresholds"]):
+        for arm, m in analysed["arms"].items():
+            censored = sum(c for _, c in m["times"][i]["step"])
+            pattern = {"step": "{:.1f}", "wall": "{:.0f}", "generated": "{:,.0f}"}
+            cells = [m["mean_times"][i][clock].text(pattern[clock]) for clock in CLOCKS]
+            lines.append(f"| {level:.3f} | {arm} | {censored} of {len(m['seeds'])} | {' | '.join(cells)} |")
+    return lines
+
+
+def _ratio_lines(analysed, base):
+    grpo = analysed["arms"][base]
+    lines = [
+        f"**Ratios to {base}** (lr {grpo['lr']:g}): the arm's seed-mean time over {base}'s, with the 95% percentile "
+        "interval of the ratio when both sides' seeds are resampled (>=: a lower bound, the arm had censored seeds; "
+        "<=: an upper bound, the baseline had); overlap: whether the two seed-mean intervals of the time above "
+        "overlap (unknown where a censored one may still move):",
+        "",
+        "| threshold | arm | " + " | ".join(f"{CLOCK_COLUMNS[c]} | overlap" for c in CLOCKS) + " |",
+        "|---" * (2 + 2 * len(CLOCKS)) + "|",
+    ]
+    for i, level in enumerate(analysed["thresholds"]):
+        for arm, m in analysed["arms"].items():
+            if arm == base:
+                continue
+            cells = [f"{m['ratios'][base][i][c].text()} | {m['overlap'][base][i][c]}" for c in CLOCKS]
+            lines.append(f"| {level:.3f} | {arm} | {' | '.join(cells)} |")
+    return lines
+
+
+def regime_lines(document, analysed, heading):
+    task, regime = analysed["task"], analysed["regime"]
+    title = REGIME_TITLES[regime].format(pool=document["protocol"]["pool"])
+    spec = document["tasks"][task]
+    fractions = " / ".join(f"{f:.0%}" for f in document["protocol"]["fractions"])
+    lines = [
+        f"{heading} `{_task_name(task)}`, {title}",
+        "",
+        f"Warm start: held-out greedy {analysed['warm_start']:.3f} on {spec['task_config']['n_heldout']} prompts. "
+        f"Thresholds, fixed before the runs (warm start + {fractions} of the gap to 1.0): "
+        + ", ".join(f"{level:.3f}" for level in analysed["thresholds"])
+        + ".",
+        "",
+        *_sweep_lines(analysed),
+        "",
+        *_collapse_lines(analysed),
+    ]
+    if not analysed["arms"]:
+        return lines
+    lines += ["", *_arm_lines(analysed), "", *_time_lines(analysed)]
+    for base in (b for b in BASELINES if b in analysed["arms"]):
+        lines += ["", *_ratio_lines(analysed, base)]
+    return lines
+
+
+def speed_body(document, analyses, plots, heading="###"):
+    """The study's lines; ``plots``: regime -> (the study's plot, every run's plot), as the document links them."""
+    runs = document["runs"]
+    protocol = document["protocol"]
+    dates = sorted({run["date"] for run in runs} | {t["date"] for t in document["tasks"].values()})
+    machines = sorted({run["machine"] for run in runs})
+    minutes = (
+        sum(run["process_seconds"] + run["eval_seconds"] for run in runs)
+        + sum(t["sft_seconds"] or 0.0 for t in document["tasks"].values())
+    ) / 60
+    seeds = sorted({run["seed"] for run in runs})
+    lrs = sorted({run["lr"] for run in runs})
+    lines = [
+        "Command: `.venv/bin/python benchmarks/bench_speed.py --out benchmarks/results` (the sweep, then the study, "
+        "each run appended as it ends; see its docstring), then `benchmarks/report.py`. "
+        f"Machine: {'; '.join(machines)}. Dates: {dates[0]} to {dates[-1]}. Duration: {minutes:.0f} minutes of runs, "
+        f"evaluations and warm starts ({len(runs)} runs). Seeds: {', '.join(map(str, seeds))}; rates: "
+        f"{', '.join(f'{lr:g}' for lr in lrs)}.",
+        "",
+        f"Every arm trains {protocol['steps']} steps of {protocol['prompts_per_step']} prompts x G = 16 rollouts "
+        "(`--d3s.schedule_steps`); held-out greedy accuracy every "
+        f"{protocol['eval_every']} steps from saved checkpoints; wall time is the sum of the steps' "
+        "`timing/step_total` (Ray and vLLM start-up, checkpoint saving and the evaluations excluded); generated "
+        "tokens count every response generated. Arms: GRPO, GRPO + DF (upstream's `--algo.dynamic_filtering_enable`), "
+        "PODS (n = 16, m = 4, max-variance), D3S and D3S-I (N 4 -> 12, K 0.2 -> 0.5), each at the rate its sweep "
+        "chose; the sweep's seeds at that rate count in the study.",
+    ]
+    for regime, (study_png, runs_png) in plots.items():
+        if study_png:
+            lines += ["", f"![the study's curves, {regime}]({study_png})"]
+        lines += ["", f"![every run, {regime}]({runs_png})"]
+    for analysed in analyses:
+        lines += ["", *regime_lines(document, analysed, heading)]
+    if document["protocol"].get("quick"):
+        lines += ["", "This is a smoke test (`--quick`): too few steps, prompts and seeds for any conclusion."]
+    return lines
+
+
+def write_plots(document, analyses, directory, prefix):
+    """The plots of every regime in ``directory``; regime -> (study plot name, None before any rate is chosen;
+    every-run plot name)."""
+    plots = {}
+    for regime in dict.fromkeys(a["regime"] for a in analyses):
+        study, runs = f"{prefix}_{regime}.png", f"{prefix}_runs_{regime}.png"
+        if any(a["arms"] for a in analyses if a["regime"] == regime):
+            plot_study(document, analyses, regime, Path(directory) / study)
+        else:
+            study = None
+        plot_runs(document, analyses, regime, Path(directory) / runs)
+        plots[regime] = (study, runs)
+    return plots
+
+
+def speed_section(path, number):
+    """The RESULTS.md section of ``speed_study.json`` (its plots written beside it, linked as ``results/...``)."""
+    document = json.loads(Path(path).read_text())
+    analyses = speed_analysis(document)
+    plots = write_plots(document, analyses, Path(path).parent, "speed_study")
+    linked = {regime: tuple(name and f"results/{name}" for name in names) for regime, names in plots.items()}
+    title = f"## {number}. Speed to fixed accuracies, each arm at its tuned learning rate"
+    return [title, "", *speed_body(document, analyses, linked)]
+
+
+def speed_main(path, output):
+    """The study alone, written to ``output`` with its plots beside it; returns ``output``."""
+    document = json.loads(Path(path).read_text())
+    analyses = speed_analysis(document)
+    plots = write_plots(document, analyses, Path(output).parent, Path(output).stem)
+    lines = ["# Speed to fixed accuracies", "", *speed_body(document, analyses, plots, "##")]
+    Path(output).write_text("\n".join(lines) + "\n")
+    print(f"wrote {output} and its plots")
+    return output

@@ -1,0 +1,408 @@
+"""The speed study (benchmarks/bench_speed.py, benchmarks/reporting/speed.py and speed_doc.py) on synthetic curves:
+interpolated times to a threshold, censoring, areas up to a budget, collapses, the choice of learning rate, the
+bootstrap ratios and their bounds, the report; and the runner's appending and resuming with a stand-in launcher."""
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+from reporting import speed  # noqa: E402
+
+
+def curve(greedy, step_s=1.0, tokens=100.0, every=10, warm=None):
+    """A curve evaluated every ``every`` steps of ``step_s`` seconds and ``tokens`` generated tokens each; the warm
+    start (step 0) is ``warm`` or the first value of ``greedy``."""
+    values = list(greedy) if warm is None else [warm, *greedy]
+    return [
+        {"step": every * i, "wall": every * i * step_s, "generated": every * i * tokens, "greedy": g}
+        for i, g in enumerate(values)
+    ]
+
+
+# -- the pure functions ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("clock, expected", [("step", 15.0), ("wall", 30.0), ("generated", 1500.0)])
+def test_time_to_a_threshold_is_interpolated_between_evaluations(clock, expected):
+    points = curve([0.4, 0.5, 0.8, 0.9], step_s=2.0)  # 0.65 is halfway from step 10 (0.5) to step 20 (0.8)
+    assert speed.time_to(points, 0.65, clock) == (pytest.approx(expected), False)
+
+
+def test_time_to_takes_the_first_crossing_and_an_exact_hit():
+    points = curve([0.4, 0.7, 0.5, 0.9])  # crosses 0.6 between steps 0 and 10, falls back, crosses again
+    assert speed.time_to(points, 0.6, "step") == (pytest.approx(20 / 3), False)
+    assert speed.time_to(points, 0.7, "step") == (10.0, False)  # reached exactly at an evaluation
+    assert speed.time_to(points, 0.4, "step") == (0.0, False)  # the warm start has it
+
+
+@pytest.mark.parametrize("clock, end", [("step", 30.0), ("wall", 45.0), ("generated", 3000.0)])
+def test_a_run_that_never_reaches_a_threshold_is_censored_at_its_end(clock, end):
+    assert speed.time_to(curve([0.4, 0.5, 0.6, 0.55], step_s=1.5), 0.65, clock) == (end, True)
+
+
+def test_area_up_to_a_budget_is_the_mean_accuracy_over_it():
+    points = curve([0.0, 0.5, 1.0], step_s=5.0)  # linear from 0 at 0 s to 1 at 100 s
+    assert speed.area(points, 50.0) == pytest.approx(0.25)
+    assert speed.area(points, 100.0) == pytest.approx(0.5)
+    # past the run's end the curve stays at its last value: (50 + 100) / 200
+    assert speed.area(points, 200.0) == pytest.approx(0.75)
+    assert speed.area(points, 75.0) == pytest.approx((0.5 * 75 * 0.75) / 75)  # a budget between evaluations
+
+
+def test_accuracy_at_a_time_is_interpolated_and_held_after_the_end():
+    points = curve([0.2, 0.4, 0.8])
+    assert speed.value_at(points, "wall", 15.0) == pytest.approx(0.6)
+    assert speed.value_at(points, "wall", 500.0) == pytest.approx(0.8)
+
+
+@pytest.mark.parametrize(
+    "final, expected",
+    [(0.34, True), (0.35, False), (0.40, False)],  # warm start 0.45: collapsed only more than 0.1 below
+)
+def test_a_collapsed_run_ends_more_than_a_tenth_below_the_warm_start(final, expected):
+    assert speed.collapsed(curve([0.45, 0.7, final]), 0.45) is expected
+    assert not speed.collapsed(curve([0.45, 0.0, 0.45]), 0.45)  # a dip in the middle is no collapse
+
+
+def test_thresholds_close_a_share_of_the_gap_to_one():
+    assert speed.thresholds(0.6, [0.25, 0.5, 0.75]) == pytest.approx([0.7, 0.8, 0.9])
+
+
+def test_the_learning_rate_is_chosen_by_area_not_by_final_accuracy():
+    fast = [curve([0.4, 0.8, 0.8, 0.8])]  # up early, stays: area to 30 s = (0.6 * 10 + 0.8 * 20) / 30
+    slow = [curve([0.4, 0.5, 0.6, 0.85])]  # ends higher, but late
+    areas = {1e-4: [speed.area(c, 30.0) for c in slow], 2e-4: [speed.area(c, 30.0) for c in fast]}
+    assert speed.choose_lr(areas) == 2e-4 and slow[0][-1]["greedy"] > fast[0][-1]["greedy"]
+    assert speed.choose_lr({5e-5: [0.5, 0.7], 1e-4: [0.6, 0.6], 2e-4: [0.3, 0.2]}) == 5e-5  # equal means: lower rate
+
+
+def test_bootstrap_ratio_intervals_contain_the_point_and_collapse_without_spread():
+    rng = np.random.default_rng(0)
+    arm = [(v, False) for v in (10.0, 12.0, 14.0, 16.0)]
+    base = [(v, False) for v in (20.0, 22.0, 26.0, 28.0)]
+    ratio = speed.bootstrap_ratio(arm, base, rng)
+    assert ratio.point == pytest.approx(13 / 24) and ratio.low < ratio.point < ratio.high and ratio.bound == "="
+    assert ratio.low > 10 / 28 and ratio.high < 16 / 20  # within the extremes of the seed means
+    same = speed.bootstrap_ratio([(5.0, False)] * 4, [(10.0, False)] * 4, rng)
+    assert (same.point, same.low, same.high) == (0.5, 0.5, 0.5)
+    assert same.text() == "0.50 [0.50, 0.50]"
+
+
+@pytest.mark.parametrize(
+    "arm_censored, base_censored, bound, text",
+    [
+        (True, False, ">=", ">=0.71 ["),  # the arm never got there: its time, and the ratio, are lower bounds
+        (False, True, "<=", "<=0.71 ["),  # the baseline never did: the ratio is an upper bound
+        (True, True, "?", "- (censored in both)"),
+    ],
+)
+def test_censored_seeds_bound_the_ratio(arm_censored, base_censored, bound, text):
+    arm = [(10.0, False), (15.0, arm_censored), (10.0, False), (15.0, False)]
+    base = [(20.0, False), (15.0, base_censored), (15.0, False), (20.0, False)]
+    ratio = speed.bootstrap_ratio(arm, base, np.random.default_rng(0))
+    assert ratio.bound == bound and ratio.text().startswith(text)
+    if bound != "?":
+        assert ratio.point == pytest.approx(12.5 / 17.5) and f"{bound}" in ratio.text().split("[")[1]
+
+
+def test_a_baseline_with_the_threshold_at_the_warm_start_has_no_ratio():
+    ratio = speed.bootstrap_ratio([(5.0, False)], [(0.0, False)], np.random.default_rng(0))
+    assert math.isnan(ratio.point) and ratio.text() == "-"
+
+
+@pytest.mark.parametrize(
+    "a, b, expected",
+    [
+        ((10, 12, "="), (11, 14, "="), "yes"),
+        ((10, 12, "="), (13, 14, "="), "no"),
+        ((10, 12, ">="), (5, 8, "="), "no"),  # the censored one is above already and can only move up
+        ((10, 12, ">="), (11, 14, "="), "unknown"),
+        ((5, 8, ">="), (10, 12, "="), "unknown"),  # below now, but it may move up into the other
+        ((5, 8, ">="), (10, 12, ">="), "unknown"),
+    ],
+)
+def test_whether_seed_mean_intervals_overlap(a, b, expected):
+    first, second = (speed.Interval((x[0] + x[1]) / 2, x[0], x[1], x[2]) for x in (a, b))
+    assert speed.overlap(first, second) == expected == speed.overlap(second, first)
+
+
+# -- the analysis and the report on a synthetic study ------------------------------------------------------------------
+WARM, LEVELS = 0.4, [0.55, 0.7, 0.85]
+# arm -> (step seconds, {lr: (steps to the plateau, plateau)}, chosen rate); GRPO at 2e-4 collapses on seed 0
+ARM_SHAPES = {
+    "GRPO": (1.0, {5e-5: (150, 0.9), 1e-4: (60, 0.9), 2e-4: (30, 0.9)}, 1e-4),
+    "GRPO+DF": (1.2, {5e-5: (100, 0.9), 1e-4: (50, 0.9), 2e-4: (40, 0.9)}, 2e-4),
+    "PODS": (0.8, {5e-5: (40, 0.75), 1e-4: (40, 0.78), 2e-4: (40, 0.8)}, 2e-4),  # never reaches 0.85
+    "D3S": (0.8, {5e-5: (120, 0.95), 1e-4: (60, 0.95), 2e-4: (30, 0.95)}, 2e-4),
+}
+
+
+def synthetic_run(arm, lr, seed, phase, steps=150, every=10):
+    step_s, shapes, _ = ARM_SHAPES[arm]
+    reach, top = shapes[lr]
+    reach += 2 * seed  # a spread over seeds
+
+    def greedy(step):
+        value = WARM + (top - WARM) * min(1.0, step / reach)
+        if arm == "GRPO" and lr == 2e-4 and seed == 0 and step > reach:  # falls to 0.2 by the end
+            value = top - (top - 0.2) * (step - reach) / (steps - reach)
+        return value
+
+    points = [
+        {"step": s, "wall": s * step_s, "generated": s * 100.0, "greedy": greedy(s)} for s in range(0, steps + 1, every)
+    ]
+    columns = {
+        "timing/step_total": [step_s] * steps,
+        "timing/generation": [step_s * 0.5] * steps,
+        "timing/make_experience": [step_s * 0.2] * steps,
+        "timing/ppo_train": [step_s * 0.25] * steps,
+        "timing/broadcast": [step_s * 0.05] * steps,
+    }
+    return dict(
+        task="pkg.toy_task",
+        regime="fresh",
+        arm=arm,
+        lr=lr,
+        seed=seed,
+        phase=phase,
+        date="2026-11-27",
+        machine="test CPU, 2 CPUs",
+        group=16,
+        flags=[],
+        process_seconds=200.0,
+        eval_seconds=10.0,
+        curve=points,
+        steps=columns,
+    )
+
+
+def synthetic_document():
+    runs = [
+        synthetic_run(arm, lr, seed, "sweep") for seed in (0, 1) for arm, shape in ARM_SHAPES.items() for lr in shape[1]
+    ]
+    runs += [synthetic_run(arm, shape[2], seed, "study") for seed in (2, 3) for arm, shape in ARM_SHAPES.items()]
+    return {
+        "protocol": dict(pool=200, steps=150, prompts_per_step=8, eval_every=10, fractions=[0.25, 0.5, 0.75]),
+        "tasks": {
+            "pkg.toy_task": {
+                "task_config": {"n_heldout": 256},
+                "warm_start": {"greedy": WARM},
+                "thresholds": LEVELS,
+                "sft_seconds": 600.0,
+                "date": "2026-11-26",
+            }
+        },
+        "runs": runs,
+    }
+
+
+def test_the_analysis_of_a_synthetic_study():
+    (analysed,) = speed.speed_analysis(synthetic_document())
+    assert analysed["budget"] == pytest.approx(150.0) and analysed["reference_seeds"] == [0, 1]
+    assert analysed["chosen"] == {arm: shape[2] for arm, shape in ARM_SHAPES.items()}
+    assert [(c["arm"], c["lr"], c["seed"], c["phase"]) for c in analysed["collapses"]] == [("GRPO", 2e-4, 0, "sweep")]
+    assert analysed["sweep"]["GRPO"][2e-4]["collapsed"] == [0]
+    grpo, d3s, pods = (analysed["arms"][arm] for arm in ("GRPO", "D3S", "PODS"))
+    assert grpo["seeds"] == [0, 1, 2, 3] and grpo["lr"] == 1e-4
+    assert analysed["grpo_wall"] == pytest.approx(150.0)
+    # to 0.55 (0.3 of the way to GRPO's plateau 0.9; 0.15 / 0.55 of D3S's to 0.95): mean reach 63 and 33 steps
+    ratio = d3s["ratios"]["GRPO"][0]["step"]
+    assert ratio.bound == "=" and ratio.point == pytest.approx((0.15 / 0.55 * 33) / (0.3 * 63))
+    assert d3s["ratios"]["GRPO"][0]["wall"].point == pytest.approx(ratio.point * 0.8)  # D3S's steps take 0.8 s
+    assert d3s["overlap"]["GRPO"][0]["step"] == "no"
+    # PODS never reaches 0.85: censored at its end (150 steps) on every seed, a lower bound
+    assert pods["times"][2]["step"] == [(150.0, True)] * 4
+    assert pods["ratios"]["GRPO"][2]["step"].bound == ">=" and pods["mean_times"][2]["wall"].bound == ">="
+    assert pods["overlap"]["GRPO"][2]["step"] == "no"  # already above GRPO's, and it can only move up
+    # D3S ended (120 s) before GRPO's 150 s: it keeps its final accuracy
+    assert d3s["at_grpo_wall"] == pytest.approx([0.95] * 4)
+    assert d3s["costs"] == pytest.approx({"step": 0.8, "generation": 0.5, "experience": 0.2, "training": 0.25})
+    assert set(grpo["ratios"]) == {"GRPO", "GRPO+DF"}
+
+
+def test_the_speed_report_states_what_was_measured(tmp_path):
+    from reporting import speed_doc
+
+    path = tmp_path / "speed_study.json"
+    path.write_text(json.dumps(synthetic_document()))
+    text = Path(speed_doc.speed_main(path, tmp_path / "speed.md")).read_text()
+    for name in ("speed_fresh.png", "speed_runs_fresh.png"):
+        assert (tmp_path / name).exists() and f"]({name})" in text
+    assert "Machine: test CPU, 2 CPUs. Dates: 2026-11-26 to 2026-11-27." in text
+    assert "Duration: 122 minutes of runs, evaluations and warm starts (32 runs)" in text  # 32 x 210 s + 600 s
+    assert "Seeds: 0, 1, 2, 3; rates: 5e-05, 0.0001, 0.0002." in text
+    assert "(warm start + 25% / 50% / 75% of the gap to 1.0): 0.550, 0.700, 0.850" in text
+    assert "Budget: GRPO's seed-mean total wall time at lr 0.0002 (seeds 0, 1), 150 s." in text
+    assert "1 collapsed" in text and "1 (per arm: GRPO 1): GRPO lr 0.0002 seed 0 (sweep): 0.200" in text
+    assert "| GRPO | 0.0001 | 0, 1, 2, 3 |" in text and "**Ratios to GRPO** (lr 0.0001)" in text
+    assert "**Ratios to GRPO+DF** (lr 0.0002)" in text
+    pods_top = next(line for line in text.splitlines() if line.startswith("| 0.850 | PODS | >="))
+    assert "| no |" in pods_top
+    assert "agrees" not in text and "verdict" not in text.lower()  # measurements only
+
+
+def test_results_md_has_the_speed_study_as_section_11_when_it_ran(tmp_path):
+    import report
+
+    results = tmp_path / "results"
+    results.mkdir()
+    for name in ("selection.json", "step_cost.json"):
+        (results / name).write_text((BENCHMARKS / "results" / name).read_text())
+    report.main(["--results", str(results), "--output", str(tmp_path / "RESULTS.md")])
+    assert "Speed to fixed accuracies" not in (tmp_path / "RESULTS.md").read_text()
+    (results / "speed_study.json").write_text(json.dumps(synthetic_document()))
+    report.main(["--results", str(results), "--output", str(tmp_path / "RESULTS.md")])
+    text = (tmp_path / "RESULTS.md").read_text()
+    assert "## 11. Speed to fixed accuracies, each arm at its tuned learning rate" in text
+    assert "](results/speed_study_fresh.png)" in text and (results / "speed_study_fresh.png").exists()
+    assert "### `toy_task`, one pass over fresh prompts" in text
+    report.main(["--speed", str(results / "speed_study.json"), "--output", str(tmp_path / "alone.md")])
+    assert (tmp_path / "alone.md").read_text().startswith("# Speed to fixed accuracies")
+
+
+# -- the runner: appending seed by seed, resuming, the study at the chosen rates -----------------------------------
+class FakeLauncher:
+    """bench_learning.run and prepare_task without Ray: GRPO learns best at 1e-4, D3S at 2e-4; the ``fail_at``-th
+    run raises (a run cut off)."""
+
+    PEAK = {"GRPO": 1e-4, "D3S": 2e-4}
+
+    def __init__(self, fail_at=None):
+        self.calls, self.fail_at, self.warm_starts = [], fail_at, 0
+
+    def run(self, prepared, task, part, arm, seed, workdir, steps, eval_every, samples, prompts, fp32, **kw):
+        self.calls.append((kw["regime"], arm, kw["lr"], seed))
+        assert part == "speed" and not kw["keep_models"] and samples == 0
+        if len(self.calls) == self.fail_at:
+            raise RuntimeError("run failed")
+        top = 0.9 if kw["lr"] == self.PEAK[arm] else 0.6
+        logged = [
+            {
+                "step": s + 1,
+                "timing/step_total": 1.0,
+                "timing/generation": 0.5,
+                "timing/make_experience": 0.2,
+                "timing/ppo_train": 0.25,
+                "timing/broadcast": 0.05,
+                "rollout/reward_mean": 0.5,
+                "rollout/response_length_mean": 20.0,
+                "rollout/num_samples": 128,
+            }
+            for s in range(steps)
+        ]
+        heldout = [{"step": s, "greedy": top * s / steps} for s in range(eval_every, steps + 1, eval_every)]
+        return {"group": 16, "steps": logged, "heldout": heldout, "process_seconds": 50.0, "eval_seconds": 2.0}
+
+    def prepare_task(self, task, precision, config, workdir, split):
+        """The warm start made once per ``workdir`` (SFT seconds the first time, None when reused)."""
+        from d3s_openrlhf.testbed import pipeline
+
+        files = pipeline.TaskFiles(sft="sft.jsonl", prompts="prompts.jsonl", heldout="heldout.jsonl")
+        made = Path(workdir, f"task{split}")
+        seconds = None if made.exists() else 1.0
+        made.mkdir(parents=True, exist_ok=True)
+        return pipeline.Prepared(base_model="base", sft_model="sft", task=files), seconds
+
+    def heldout_accuracy(self, *args, **kwargs):
+        self.warm_starts += 1
+        return {"greedy": 0.1}
+
+
+@pytest.fixture
+def launcher(monkeypatch):
+    import bench_learning
+    import bench_speed
+
+    fake = FakeLauncher()
+    monkeypatch.setattr(bench_learning, "run", fake.run)
+    monkeypatch.setattr(bench_learning, "prepare_task", fake.prepare_task)
+    monkeypatch.setattr(bench_speed.evaluate, "heldout_accuracy", fake.heldout_accuracy)
+    return fake
+
+
+def speed_argv(tmp_path, *more):
+    flags = ["--tasks", "d3s_openrlhf.tasks.chainsum", "--regimes", "fresh", "--arms", "GRPO", "D3S", "--steps", "4"]
+    return ["--out", str(tmp_path / "out"), "--workdir", str(tmp_path / "runs"), *flags, "--eval-every", "2", *more]
+
+
+def test_the_runner_appends_each_run_and_resumes_where_it_stopped(tmp_path, launcher):
+    import bench_speed
+
+    launcher.fail_at = 5
+    with pytest.raises(RuntimeError, match="run failed"):
+        bench_speed.main(speed_argv(tmp_path, "--no-report"))
+    path = tmp_path / "out" / "speed_study.json"
+    document = json.loads(path.read_text())
+    assert len(document["runs"]) == 4  # the four runs before the failure were kept
+    # seed-major: seed 0's arms and rates first; GRPO's three rates, then D3S's
+    assert [(r["arm"], r["lr"], r["seed"]) for r in document["runs"]][:4] == [
+        ("GRPO", 5e-5, 0),
+        ("GRPO", 1e-4, 0),
+        ("GRPO", 2e-4, 0),
+        ("D3S", 5e-5, 0),
+    ]
+    assert document["tasks"]["d3s_openrlhf.tasks.chainsum"]["thresholds"] == pytest.approx([0.325, 0.55, 0.775])
+    first = document["runs"][0]
+    assert [p["step"] for p in first["curve"]] == [0, 2, 4] and first["curve"][0]["greedy"] == 0.1
+    assert first["curve"][-1]["wall"] == 4.0 and first["curve"][-1]["generated"] == 4 * 20.0 * 128
+    assert first["steps"]["timing/generation"] == [0.5] * 4 and first["phase"] == "sweep"
+
+    launcher.calls.clear()
+    launcher.fail_at = None
+    bench_speed.main(speed_argv(tmp_path))  # the same command: the rest of the sweep, then the study
+    sweep = [(a, lr, s) for _, a, lr, s in launcher.calls if s in (0, 1)]
+    assert sweep[0] == ("D3S", 1e-4, 0) and len(sweep) == 2 * 3 * 2 - 4  # the failed run again; nothing twice
+    study = [(a, lr, s) for _, a, lr, s in launcher.calls if s in (2, 3)]
+    assert study == [("GRPO", 1e-4, 2), ("D3S", 2e-4, 2), ("GRPO", 1e-4, 3), ("D3S", 2e-4, 3)]
+    document = json.loads(path.read_text())
+    assert len(document["runs"]) == 16 and {r["phase"] for r in document["runs"] if r["seed"] > 1} == {"study"}
+    assert launcher.warm_starts == 1  # the warm start and its thresholds were set once, before the first run
+    assert (tmp_path / "out" / "speed_study.md").exists() and (tmp_path / "out" / "speed_study_fresh.png").exists()
+
+    launcher.calls.clear()
+    bench_speed.main(speed_argv(tmp_path, "--no-report"))
+    assert launcher.calls == []
+    with pytest.raises(SystemExit, match="holds a study with steps 4; give another --out"):
+        bench_speed.main(speed_argv(tmp_path, "--steps", "6"))
+    # the runs' warm start is gone (another --workdir): a new one would not be the warm start of the recorded runs
+    with pytest.raises(SystemExit, match="from a warm start that is no longer in .*elsewhere"):
+        bench_speed.main([*speed_argv(tmp_path), "--workdir", str(tmp_path / "elsewhere")])
+
+
+def test_the_study_waits_for_a_complete_sweep(tmp_path, launcher):
+    import bench_speed
+
+    bench_speed.main(speed_argv(tmp_path, "--arms", "GRPO", "--phases", "sweep", "--sweep-seeds", "0", "--no-report"))
+    with pytest.raises(SystemExit, match=r"needs its sweep first \(--phases sweep\); missing: D3S lr 5e-05 seed 0"):
+        bench_speed.main(speed_argv(tmp_path, "--phases", "study", "--sweep-seeds", "0", "--no-report"))
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--lrs", "1e-4", "4e-4"], "--lrs must include 0.0002"),
+        (["--seeds", "1", "2"], "must differ"),
+        (["--regimes", "passes", "--pool", "12"], "--pool 12 must be a multiple of --prompts 8"),
+    ],
+)
+def test_bad_options_are_refused_before_any_run(tmp_path, launcher, flags, message):
+    import bench_speed
+
+    with pytest.raises(SystemExit, match=message):
+        bench_speed.main(speed_argv(tmp_path, *flags))
+    assert launcher.calls == [] and not (tmp_path / "out").exists()
+
+
+def test_each_task_runs_its_own_regimes():
+    import bench_speed
+
+    options = bench_speed.parse_options([])
+    assert [bench_speed.regimes_of(options, task) for task in options.tasks] == [["passes", "fresh"], ["fresh"]]
+    assert options.arms == ["GRPO", "GRPO+DF", "PODS", "D3S", "D3S-I"] and options.lrs == [5e-5, 1e-4, 2e-4]
+    assert max(options.lrs) / min(options.lrs) >= 4 and options.heldout >= 256
+    assert options.steps // options.eval_every == 15
