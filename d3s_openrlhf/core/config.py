@@ -310,6 +310,8 @@ class D3SConfig:
                 "--d3s.schedule_steps S; it is also the (N, K) schedule's and the LR schedule's horizon)",
             )
         # whether D3S is on reads the schedule's range, known once the other options are valid
+        if not problems and self.stall_passes != D3SConfig.stall_passes and not self.enabled:
+            bad("stall_passes", "does nothing with D3S off (no screening, nothing of D3S runs); drop it")
         if not problems and self.schedule_steps > 0 and not self.enabled:
             bad(
                 "schedule_steps",

@@ -244,6 +244,7 @@ class D3SSamplesGenerator(SamplesGenerator):
         self._carried: List[Tuple[Item, List[Dict]]] = []  # accepted pilots of a full batch, for the next one
         self._groups: Optional[Dict[str, List[float]]] = None  # the rewards of each group, while a batch is drawn
         self._group: List = []  # the rollouts so far of the group upstream's loop is handing on
+        self._decisions = [0, 0]  # the step's prompts (rejected, joined): its pass rate
         self._counts: Dict[str, float] = defaultdict(float)  # the step's counts
         self._unlogged: Dict[str, float] = {}
         self.last_metrics: Dict[str, float] = {}
@@ -256,13 +257,14 @@ class D3SSamplesGenerator(SamplesGenerator):
             return [], None, 0, True
         # the step's counts, every one logged (zeros for a step served from upstream's sample buffer)
         self._counts = defaultdict(float, dict.fromkeys(self._metric_names(), 0.0))
+        self._decisions = [0, 0]
         samples, pass_rate, consumed, exhausted = super().generate_samples(**generate_kwargs)
-        generated_prompts = consumed - self._counts.get("d3s/skipped_prompts", 0.0)
-        if pass_rate is not None and generated_prompts > 0:
-            # upstream's rate is 100 x samples accepted / prompts consumed: G times the share (%) of the prompts
-            # generated (not skipped) whose group passed the filter, which is what is logged
-            group_size = generate_kwargs.get("n_samples_per_prompt", self.args.rollout.n_samples_per_prompt)
-            pass_rate = pass_rate * consumed / (group_size * generated_prompts)
+        rejected, joined = self._decisions
+        if pass_rate is not None and rejected + joined:
+            # upstream's rate is 100 x samples accepted / prompts consumed: G times a share, skipped prompts and the
+            # groups of pilots carried from the batch before miscounted; logged instead: the share (%) of the
+            # prompts decided in the step (screened out, filtered, or joined the batch) whose group joined it
+            pass_rate = 100.0 * joined / (rejected + joined)
         counts = dict(self._counts)
         # a call without samples trains no step and logs nothing: its counts go to the next step that does
         for key, value in self._unlogged.items():
@@ -318,18 +320,21 @@ class D3SSamplesGenerator(SamplesGenerator):
         finally:
             self._groups = None
 
-    def _joined(self) -> None:
-        """A group joined a batch: the run is filling, however slowly."""
-        self.rejected_in_a_row = 0
-
-    def _rejected(self) -> None:
-        """A prompt was screened out or its group filtered. --d3s.stall_passes passes over the prompts of those in a
-        row, over batches, and the run cannot fill: it stops instead of cycling for ever. Counted as the decisions
-        come, so pilots dispatched ahead do not count before they return."""
+    def _decided(self, joined: bool) -> None:
+        """A generated prompt's fate under screening or dynamic filtering: its group joined the batch, or it was
+        screened out or filtered (a pilot that passes after the batch is full is decided when its group completes,
+        in the next batch). Counted for the step's pass rate, and as the decisions come for the stall rule, so
+        pilots dispatched ahead do not count before they return. --d3s.stall_passes passes over the prompts of
+        rejections in a row, over batches, and a run at fixed steps cannot fill: it stops instead of cycling for
+        ever."""
+        self._decisions[joined] += 1
+        if joined:
+            self.rejected_in_a_row = 0
+            return
         self.rejected_in_a_row += 1
         dataset = getattr(self.prompts_dataloader, "dataset", None)
         limit = self.d3s.stall_passes * (len(dataset) if dataset is not None else len(self.prompts_dataloader))
-        if self.rejected_in_a_row > limit:
+        if self.stream is not None and self.rejected_in_a_row > limit:
             raise RuntimeError(
                 f"the last {limit} prompts generated ({self.d3s.stall_passes} passes over the prompts, "
                 "--d3s.stall_passes) were all screened out or filtered, none joined a batch: every pilot had equal "
@@ -407,7 +412,7 @@ class D3SSamplesGenerator(SamplesGenerator):
         self._observe_pilot(item, rewards)
         if max(rewards) == min(rewards):
             draw.screened += 1
-            self._rejected()
+            self._decided(joined=False)
             if self.d3s.pilot_audit and self.stream.uniform("audit", draw_key) < self.d3s.pilot_audit:
                 self._start_rest(draw, item, responses, audited=True)
         elif draw.started < draw.num_prompts:
@@ -429,10 +434,10 @@ class D3SSamplesGenerator(SamplesGenerator):
         if filtering and not self._passes_filter(experiences):
             draw.started -= 1
             self._counts["d3s/filtered_prompts"] += 1
-            self._rejected()
+            self._decided(joined=False)
             return False
         draw.accepted.extend(experiences)
-        self._joined()
+        self._decided(joined=True)
         return True
 
     def _observe_pilot(self, item: Item, rewards: List[float]) -> None:
@@ -455,7 +460,7 @@ class D3SSamplesGenerator(SamplesGenerator):
             if self.policy is not None:
                 key = prompt_key(response["prompt"], response["label"], response.get("images"))
                 self._groups[key].append(_reward(response, self.d3s))
-            if self.stream is not None and self.args.algo.dynamic_filtering_enable:
+            if self.args.algo.dynamic_filtering_enable:
                 self._group_member_returned(experience, generate_kwargs)
         return experience
 
@@ -467,10 +472,7 @@ class D3SSamplesGenerator(SamplesGenerator):
             return
         passed = self._passes_filter(self._group)
         self._group = []
-        if passed:
-            self._joined()
-        else:
-            self._rejected()
+        self._decided(passed)
 
     # ── checkpoints ──
 

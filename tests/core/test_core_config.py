@@ -151,6 +151,12 @@ def test_schedule_steps_with_d3s_on_is_taken(on):
     assert D3SConfig.from_flags({"preset": "grpo", **on, "schedule_steps": 150}).schedule_steps == 150
 
 
+def test_stall_passes_with_d3s_off_is_refused():
+    with pytest.raises(ValueError, match="does nothing with D3S off"):
+        D3SConfig.from_flags({"stall_passes": 8})
+    assert D3SConfig.from_flags({"stall_passes": 8, "pilot_rollouts": 4, "schedule_steps": 10}).stall_passes == 8
+
+
 def test_chunked_logits_turns_d3s_on_and_contradicts_full_logits():
     with pytest.raises(ValueError, match=r"--d3s.chunked_logits=True: contradicts --d3s.full_logits"):
         D3SConfig(chunked_logits=True, full_logits=True)

@@ -285,21 +285,28 @@ FILTER = ("--algo.dynamic_filtering_enable", "--algo.dynamic_filtering_range", "
     ids=["skipping", "screening", "filtering", "upstream_loop"],
 )
 def test_the_pass_rate_is_the_share_of_prompts_generated_whose_group_passed(d3s):
-    # upstream divides samples by prompts (G times the share); with G = 5 a step is 4 groups of 5 samples
+    """Upstream divides samples by prompts consumed (G times the share, with G = 5 here; skipped prompts counted);
+    logged is the share of the step's generated prompts whose group joined the batch. Under screening, the
+    prompts decided in the step: a pilot carried from the batch before counts where its group joins."""
     generator = make(*FILTER, **d3s)
-    rates = []
+    rates, carried = [], 0
     while True:
         samples, rate, consumed, exhausted = generator.generate_samples(max_len=64)
-        skipped = generator.last_metrics.get("d3s/skipped_prompts", 0)
+        metrics = generator.last_metrics
         if samples:  # (upstream's loop ends with a call that generates nothing)
-            rates.append((rate, len(samples) // G, consumed - skipped))
+            groups = len(samples) // G
+            if "pilot_rollouts" in d3s:
+                decided = groups + metrics["d3s/screened_prompts"] + metrics["d3s/filtered_prompts"]
+                carried += metrics["d3s/carried_pilots"]
+            else:
+                decided = consumed - metrics.get("d3s/skipped_prompts", 0)  # the prompts skipped were not generated
+            rates.append((rate, 100 * groups / decided))
         if exhausted:
             break
-    for rate, groups, generated in rates:
-        assert rate == pytest.approx(100 * groups / generated)  # the prompts skipped were not generated
-    # (with screening a batch may also take pilots that the one before drew and counted)
-    assert all(0 < rate <= 100 for rate, *_ in rates if d3s.get("pilot_rollouts") is None)
-    assert any(rate < 100 for rate, *_ in rates)  # the mixed prompts' groups pass the range, the easy ones not
+    for rate, share in rates:
+        assert rate == pytest.approx(share) and 0 < rate <= 100
+    assert any(rate < 100 for rate, _ in rates)  # the mixed prompts' groups pass the range, the easy ones not
+    assert carried or "pilot_rollouts" not in d3s  # the screened run carried pilots into later batches
 
 
 def test_steps_served_from_the_sample_buffer_log_no_second_copy_of_the_counts():
