@@ -301,6 +301,13 @@ def generation_body(document, heading="###"):
         f"completes {document.get('audit', 0):.0%} of the screened-out prompts to count false rejects (their tokens "
         "and time are in its costs). GRPO + DF is upstream's `--algo.dynamic_filtering_enable` (flat groups dropped "
         "after all G rollouts, replaced), at the same fixed steps.",
+        "",
+        "**What this study cannot say.** Every arm ran at one learning rate, and each ratio is the time to GRPO's "
+        "final accuracy: GRPO reaches it at its last evaluation by construction, and an arm above it at the first "
+        f"evaluation (step {document['eval_every']}) gets that evaluation's share of the run whatever its speed. "
+        "Its ratios read GRPO's runs at that rate and the evaluation grid, not how much sooner an arm reaches an "
+        "accuracy, and its verdicts ('met', 'not met') are against that target alone. The speed study "
+        "(`benchmarks/bench_speed.py`, section 11) measures that.",
     ]
     for regime in (r for r in REGIMES if r in results):
         lines += ["", *regime_lines(document, regime, heading)]
