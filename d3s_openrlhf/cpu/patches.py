@@ -35,6 +35,13 @@ What is adjusted, and why:
   partitions the model was built with, rank 0 broadcasts the result), and every forward of the run gives NaN
   (issue 30). The replacement gathers them one blocking all-gather at a time (DeepSpeed's own
   ``stage3_allgather_sequential`` path).
+- ``BaseDistributedActor._get_free_port`` in ``openrlhf.trainer.ray.launcher``: upstream picks each model group's
+  torch.distributed master port by binding port 0 (an ephemeral port) when the actor starts, and binds it again
+  only after the model is loaded, tens of seconds later on a CPU. Every actor, Ray worker and vLLM engine of the job
+  shares this one machine's ephemeral range for its outgoing connections, and one took the port in between
+  (``EADDRINUSE`` at ``init_process_group``, seen in a two-node launch-script smoke run). The replacement picks a
+  free port below the ephemeral range (``/proc/sys/net/ipv4/ip_local_port_range``), which outgoing connections
+  never take.
 
 vLLM's own processes (its engine core is a child of the Ray actor, which the setup hook does not reach) load
 :func:`apply_vllm` through vLLM's plugin entry point (``vllm.general_plugins``, declared in ``setup.py``). Under
@@ -196,6 +203,39 @@ def _patch_ppo_actor(module):
     module.stateless_init_process_group = trainer_side_sync_group
 
 
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out to outgoing connections (Linux's default 32768 where unreadable)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as ranges:
+            return int(ranges.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_master_port() -> int:
+    """A port nothing listens on, below the ephemeral range: no outgoing connection takes it before the master
+    binds it (see the module docstring). Drawn at random from [ephemeral low - 12288, ephemeral low) until one
+    binds."""
+    import random
+    import socket
+
+    high = _ephemeral_low()
+    draws = random.SystemRandom()
+    for _ in range(1000):
+        port = draws.randrange(max(1024, high - 12288), high)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port below {high} for torch.distributed's master")
+
+
+def _patch_launcher(module):
+    module.BaseDistributedActor._get_free_port = staticmethod(free_master_port)
+
+
 def _patch_vllm_engine(module):
     import ray
 
@@ -283,6 +323,7 @@ def apply():
     when_imported("openrlhf.utils.deepspeed.deepspeed", _patch_deepspeed_strategy)
     when_imported("openrlhf.trainer.ppo_utils.replay_buffer", _patch_replay_buffer)
     when_imported("openrlhf.trainer.ray.ppo_actor", _patch_ppo_actor)
+    when_imported("openrlhf.trainer.ray.launcher", _patch_launcher)
     when_imported("flash_attn", _patch_flash_attn)
     when_imported("transformers.modeling_flash_attention_utils", _patch_transformers_flash_attention)
     when_imported("deepspeed.runtime.zero.partition_parameters", _patch_zero3_blocking_gather)

@@ -136,3 +136,32 @@ def test_the_chunked_logits_forward_is_finite_under_zero3_on_gloo():
     models = [line.split()[1] for line in lines if line.startswith("model ")]  # (libraries print to stdout too)
     assert models == STRESS, "\n".join(lines)
     assert lines[-1] == "clean []", "\n".join(lines)
+
+
+# -- torch.distributed's master port ----------------------------------------------------------------------------------
+def test_the_master_port_is_free_and_below_the_ephemeral_range():
+    low = patches._ephemeral_low()
+    ports = {patches.free_master_port() for _ in range(20)}
+    assert all(max(1024, low - 12288) <= port < low for port in ports) and len(ports) > 1
+    import socket
+
+    for port in ports:  # nothing listens there
+        with socket.socket() as sock:
+            sock.bind(("", port))
+
+
+LAUNCHER_PROBE = """
+import os
+os.environ["D3S_OPENRLHF_CPU"] = "1"
+from d3s_openrlhf.cpu import patches
+patches.apply()
+from openrlhf.trainer.ray.launcher import BaseDistributedActor
+print(BaseDistributedActor._get_free_port is patches.free_master_port,
+      BaseDistributedActor._get_free_port() < patches._ephemeral_low())
+"""
+
+
+def test_the_runtime_installs_the_master_port_where_openrlhfs_launcher_is_imported():
+    probe = subprocess.run([sys.executable, "-c", LAUNCHER_PROBE], capture_output=True, text=True, timeout=300)
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    assert probe.stdout.strip().splitlines()[-1] == "True True"
