@@ -149,6 +149,14 @@ def main(argv=None):
     document += [*gpu_actor_section(gpu_actor_documents(results), 10, cuda_tests), ""]
     if (results / "speed_study.json").exists():
         document += [*speed_section(results / "speed_study.json", 11), ""]
+    else:
+        document += [
+            "## 11. Speed to fixed accuracies, each arm at its tuned learning rate",
+            "",
+            "Not run yet: `.venv/bin/python benchmarks/bench_speed.py --out benchmarks/results` (about 6 hours on "
+            "2 CPU cores; it appends run by run and resumes), then `report.py`.",
+            "",
+        ]
     Path(options.output).write_text("\n".join(document))
     print(f"wrote {options.output} and the plots in {results}")
 
