@@ -138,12 +138,12 @@ class PromptStream:
         self.passes = passes  # passes started after the first
         self.batch = 0  # the index of the batch being drawn (``start_batch``), a key of its draws
         self.occurrences: Counter = Counter()  # prompt key -> draws of it in the batch being drawn
-        self.drawn = self.skipped = self.candidates = self.handed = 0  # of the batch being drawn
+        self.drawn = self.skipped = self.candidates = 0  # of the batch being drawn
 
     def start_batch(self, batch: int) -> None:
         self.batch = batch
         self.occurrences = Counter()
-        self.drawn = self.skipped = self.candidates = self.handed = 0
+        self.drawn = self.skipped = self.candidates = 0
 
     def uniform(self, stream: str, draw_key: DrawKey) -> float:
         """The draw's uniform in ``stream`` (one per kind of decision): a function of the seed, the batch and the
@@ -173,7 +173,6 @@ class PromptStream:
                 if self.policy.skips(key, self.uniform("skip", draw_key)):
                     self.skipped += 1
                     continue
-            self.handed += 1
             return item, draw_key
 
     def __iter__(self):

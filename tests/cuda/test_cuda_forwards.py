@@ -8,8 +8,6 @@ cross-entropy where it imports (every GPU install of OpenRLHF), else its torch f
 Skipped without CUDA. Needs no Ray and no vLLM."""
 
 import contextlib
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,10 +18,7 @@ from openrlhf.models.utils import log_probs_from_logits
 from d3s_openrlhf.core.logprobs import chunked_logprobs_entropy
 from d3s_openrlhf.integration.experience_forward import chunked_logits_log_probs
 from d3s_openrlhf.integration.training_forward import training_forward
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
-from upstream_logprobs import torch_fallback, triton_import_error  # noqa: E402
+from upstream_logprobs import torch_fallback, triton_import_error  # benchmarks/ (tests/conftest.py puts it on sys.path)
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
