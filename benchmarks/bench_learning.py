@@ -111,16 +111,17 @@ FRESH_PROMPTS = 4000  # the screen part's RL split: the "fresh" regime draws fro
 REGIMES = ("passes", "fresh")
 DYNAMIC_FILTERING = ["--algo.dynamic_filtering_enable"]  # upstream's range (0, 1): drops flat 0/1 groups
 SCREEN = ["--d3s.pilot_rollouts", PILOT, "--d3s.pilot_audit", AUDIT]
+HISTORY = ["--d3s.prompt_skip", "history"]
 PARTS["screen"] = {
     "GRPO": PARTS["d3s"]["GRPO"],
     "GRPO+DF": (G, PARTS["d3s"]["GRPO"][1] + DYNAMIC_FILTERING),
     "GRPO+screen": (G, PARTS["d3s"]["GRPO"][1] + SCREEN),
     "D3S": PARTS["d3s"]["D3S"],
-    "D3S+screen+history": (G, PARTS["d3s"]["D3S"][1] + SCREEN + ["--d3s.prompt_skip", "history"]),
+    "D3S+screen+history": (G, PARTS["d3s"]["D3S"][1] + SCREEN + HISTORY),
 }
 # the speed study's arms (benchmarks/bench_speed.py, run there alone): the papers' arms at G = 16, each at its tuned
-# rate, at the screen part's fixed steps; PODS trains m = 4 of its n = 16. The generation level's arms go here too
-# (GRPO + screening is the screen part's; D3S + history and D3S + screening at k = 4 and 8 are to come).
+# rate, at the screen part's fixed steps; PODS trains m = 4 of its n = 16. Then the generation level's arms: GRPO +
+# screening, D3S + history, and D3S + screening at k = 4 and 8, each with history.
 PARTS["speed"] = {
     "GRPO": PARTS["screen"]["GRPO"],
     "GRPO+DF": PARTS["screen"]["GRPO+DF"],
@@ -128,6 +129,12 @@ PARTS["speed"] = {
     "D3S": PARTS["d3s"]["D3S"],
     "D3S-I": PARTS["d3s"]["D3S-I"],
     "GRPO+screen": PARTS["screen"]["GRPO+screen"],
+    "D3S+history": (G, PARTS["d3s"]["D3S"][1] + HISTORY),
+    "D3S+screen4+history": PARTS["screen"]["D3S+screen+history"],
+    "D3S+screen8+history": (
+        G,
+        PARTS["d3s"]["D3S"][1] + ["--d3s.pilot_rollouts", 8, "--d3s.pilot_audit", AUDIT] + HISTORY,
+    ),
 }
 FIXED_STEP_PARTS = ("screen", "speed")  # every arm trains the same --steps, in the regimes passes and fresh
 RESULTS_FILES = {"pods": "learning_study.json", "d3s": "learning_study.json", "screen": "generation_study.json"}
@@ -150,6 +157,7 @@ KEYS = (
     "d3s/carried_pilots",
     "d3s/audited_prompts",
     "d3s/false_rejects",
+    "d3s/screen_weight_mean",
     "d3s/passes",
     "d3s/generated_tokens",
     "dynamic_filtering_pass_rate",

@@ -86,6 +86,18 @@ STEP_KEYS = (
     "timing/broadcast",
     "rollout/reward_mean",
 )
+# the generation level's counts, kept for the arms that log them (issue 39: acceptance, false rejects, staleness)
+GENERATION_KEYS = (
+    "d3s/pilots",
+    "d3s/screened_prompts",
+    "d3s/carried_pilots",
+    "d3s/audited_prompts",
+    "d3s/false_rejects",
+    "d3s/skipped_prompts",
+    "d3s/skip_candidates",
+    "d3s/screen_weight_mean",
+    "dynamic_filtering_pass_rate",
+)
 PROTOCOL = (
     "precision",
     "quick",
@@ -237,7 +249,11 @@ def record(result, task, regime, arm, lr, seed, phase, warm_start):
         process_seconds=result["process_seconds"],
         eval_seconds=result["eval_seconds"],
         curve=curve,
-        steps={**{key: [s[key] for s in steps] for key in STEP_KEYS}, "generated": [float(g) for g in generated]},
+        steps={
+            **{key: [s[key] for s in steps] for key in STEP_KEYS},
+            **{key: [s.get(key, 0.0) for s in steps] for key in GENERATION_KEYS if any(key in s for s in steps)},
+            "generated": [float(g) for g in generated],
+        },
     )
 
 

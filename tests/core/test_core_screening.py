@@ -1,18 +1,24 @@
 """Screening by pilots, the pure part (``core.screening``): how many pilots to keep in flight, the cap that keeps
-waiting pilots fresh, the acceptance estimate."""
+waiting pilots fresh, the acceptance estimate, the weights that undo the screen's conditioning."""
 
+import itertools
 import math
 
+import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from d3s_openrlhf.core.advantages import group_advantages
 from d3s_openrlhf.core.screening import (
     MIN_ACCEPTANCE,
     PRIOR_PILOTS,
     AcceptanceEstimate,
     pilot_room,
     pilots_to_dispatch,
+    screening_weights,
 )
+from d3s_openrlhf.core.selection import select_rollouts
 
 ROOMY = 10**6
 
@@ -77,3 +83,109 @@ def test_the_estimate_decays_older_batches_and_counts_the_batch_in_progress():
     restored = AcceptanceEstimate(decay=0.5)
     restored.load_state_dict(estimate.state_dict())
     assert restored.value == estimate.value
+
+
+# ── the weights that undo the screen's conditioning ──
+
+
+def brute_force_weights(rewards, pilots):
+    """1 / the share of the k-subsets of each row whose rewards are not all equal, by enumeration."""
+    weights = []
+    for row in rewards.tolist():
+        subsets = list(itertools.combinations(row, pilots))
+        passing = sum(len(set(subset)) > 1 for subset in subsets)
+        weights.append(len(subsets) / passing)
+    return torch.tensor(weights, dtype=torch.float64)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), group_size=st.integers(3, 9))
+def test_weights_equal_the_enumerated_pass_probability(data, group_size):
+    pilots = data.draw(st.integers(2, group_size - 1))
+    rows = data.draw(st.integers(1, 5))
+    values = st.sampled_from([0.0, 1.0, 0.5, -2.25])  # few values: ties of every size
+    table = [data.draw(st.lists(values, min_size=group_size, max_size=group_size)) for _ in range(rows)]
+    table = [row if len(set(row)) > 1 else [*row[:-1], row[-1] + 1.0] for row in table]
+    rewards = torch.tensor(table, dtype=data.draw(st.sampled_from([torch.float32, torch.float64])))
+    weights = screening_weights(rewards, pilots)
+    torch.testing.assert_close(weights, brute_force_weights(rewards, pilots), rtol=1e-12, atol=0)
+    assert bool((weights >= 1).all()) and bool((weights <= group_size / pilots + 1e-12).all())
+
+
+def test_weights_at_the_sizes_users_run_and_refused_inputs():
+    group_size = 256
+    one_minority = torch.zeros(1, group_size)
+    one_minority[0, 7] = 1.0
+    assert screening_weights(one_minority, 16).item() == pytest.approx(group_size / 16, rel=1e-12)
+    half = (torch.arange(group_size) % 2).float().unsqueeze(0)
+    expected = 1 / (1 - 2 * math.comb(128, 16) / math.comb(group_size, 16))
+    assert screening_weights(half, 16).item() == pytest.approx(expected, rel=1e-12)
+    with pytest.raises(ValueError, match=r"groups \[1\] have all 4 rewards equal"):
+        screening_weights(torch.tensor([[0.0, 1.0, 1.0, 1.0], [0.5, 0.5, 0.5, 0.5]]), 2)
+    for pilots in (1, 4):
+        with pytest.raises(ValueError, match="pilots must lie in"):
+            screening_weights(torch.tensor([[0.0, 1.0, 1.0, 1.0]]), pilots)
+
+
+# The issue's simulation: Bernoulli rewards at pass rate p, pilots of k of G = 16. Per prompt drawn (a draw screened
+# out counts 0, as GRPO's flat groups do), the weighted advantages of screened groups must have the expectation of
+# the same method's advantages without screening, for each outcome: S_r = sum of the advantages of the rollouts with
+# reward r. That is what the policy gradient reads (a response's score given its reward does not depend on the
+# group), so the batch's expected gradient is GRPO's, as with DAPO's filter.
+SIM_GROUP, SIM_DRAWS = 16, 40_000
+
+
+def _trained_advantages(method, rewards, generator):
+    """(D, G) advantages of ``method`` as trained (0 where a rollout is not kept)."""
+    if method == "GRPO":
+        return group_advantages(rewards, "group_norm")
+    if method == "D3S":  # full-group advantages, the N = 8 of 16 of maximal variance kept (mid-schedule)
+        full = group_advantages(rewards, "group_norm")
+        kept = _kept_mask(select_rollouts(full, 8, scope="intra", rule="max_var", generator=generator), rewards)
+        return torch.where(kept, full, torch.zeros(()))
+    # PODS: m = 4 of n = 16 of maximal reward variance, advantages recomputed over the kept subset
+    kept = _kept_mask(select_rollouts(rewards, 4, scope="intra", rule="max_var", generator=generator), rewards)
+    return group_advantages(rewards, "group_norm", kept=kept)
+
+
+def _kept_mask(flat_index, rewards):
+    kept = torch.zeros(rewards.numel(), dtype=torch.bool)
+    kept[flat_index] = True
+    return kept.view_as(rewards)
+
+
+def _per_draw_outcome_sums(p, pilots, method, weighted, seed):
+    """(D, 2): S_0 and S_1 of each draw; with ``pilots`` the draw is screened on its first k rewards."""
+    generator = torch.Generator().manual_seed(seed)
+    rewards = (torch.rand(SIM_DRAWS, SIM_GROUP, generator=generator, dtype=torch.float64) < p).double()
+    passed = torch.ones(SIM_DRAWS, dtype=torch.bool)
+    if pilots:
+        head = rewards[:, :pilots]
+        passed = head.amax(-1) != head.amin(-1)
+    sums = torch.zeros(SIM_DRAWS, 2, dtype=torch.float64)
+    rows = rewards[passed]
+    advantages = _trained_advantages(method, rows, generator)
+    weight = screening_weights(rows, pilots) if pilots and weighted else torch.ones(len(rows), dtype=torch.float64)
+    for outcome in (0, 1):
+        sums[passed, outcome] = weight * (advantages * (rows == outcome)).sum(-1)
+    return sums
+
+
+def _z_scores(a, b):
+    return (a.mean(0) - b.mean(0)) / (a.var(0) / len(a) + b.var(0) / len(b)).sqrt()
+
+
+@pytest.mark.parametrize("method", ["GRPO", "D3S", "PODS"])
+@pytest.mark.parametrize("pilots", [2, 4, 8])
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_weighted_screened_groups_have_the_advantages_expected_without_screening(p, pilots, method):
+    reference = _per_draw_outcome_sums(p, 0, method, weighted=False, seed=1)
+    screened = _per_draw_outcome_sums(p, pilots, method, weighted=True, seed=2)
+    assert _z_scores(screened, reference).abs().max() < 4.5
+
+
+@pytest.mark.parametrize("method", ["GRPO", "D3S", "PODS"])
+def test_the_simulation_sees_the_bias_of_unweighted_screened_groups(method):
+    reference = _per_draw_outcome_sums(0.9, 0, method, weighted=False, seed=1)
+    unweighted = _per_draw_outcome_sums(0.9, 4, method, weighted=False, seed=2)
+    assert _z_scores(unweighted, reference).abs().max() > 10

@@ -82,6 +82,9 @@ def assert_generation_run(run, assert_clean_run, steps=STEPS, first=1):
         assert values["d3s/generated_tokens"] >= 4 * GROUP, step
         if "d3s/pilots" in values:  # (a batch filled by pilots carried from the last one ran none)
             assert 0 <= values["d3s/screened_prompts"] <= values["d3s/pilots"], step
+            # every group passed a pilot: its advantages were weighted, by 1 to G / k
+            weights = values["d3s/screen_weight_mean"], values["d3s/screen_weight_max"]
+            assert 1 <= weights[0] <= weights[1] <= GROUP / PILOT, (step, weights)
 
 
 def test_d3s_with_screening_and_history_trains_the_fixed_steps(toy_sft, run_pipeline, assert_clean_run, tmp_path):
