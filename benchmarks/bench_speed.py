@@ -15,8 +15,10 @@ stopped invocation (a run cut off midway starts over):
 The protocol (the analysis: ``benchmarks/reporting/speed.py``):
 
 - Arms (``bench_learning.PARTS["speed"]``): GRPO, GRPO + upstream's dynamic filtering, PODS (n = 16, m = 4,
-  max-variance), D3S and D3S-I, all at G = 16 rollouts per prompt, 8 prompts a step. The screen part's
-  ``GRPO+screen`` can be named with ``--arms``; the other generation-level arms are added to that table.
+  max-variance), D3S and D3S-I, all at G = 16 rollouts per prompt, 8 prompts a step. The generation level's arms
+  (``GRPO+screen``, ``D3S+history``, ``D3S+screen4+history``, ``D3S+screen8+history``: pilots of 4 or 8, 2% of
+  the screened-out prompts audited, a cost the clock counts) are named with ``--arms``; their pilot, audit, skip
+  and weight counts are kept per step.
 - Every run trains ``--steps`` (150) rollout steps with ``--d3s.schedule_steps`` (``bench_learning.rl_config``, as in
   the screen part), in the regimes ``passes`` (the first ``--pool`` 200 RL prompts, cycled: 6 passes) and ``fresh``
   (one pass over a 4000-prompt split). Per task, its regimes among ``--regimes`` are those of ``TASKS``: chainsum

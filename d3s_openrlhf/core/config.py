@@ -213,7 +213,8 @@ class D3SConfig:
         "screened generation: each training prompt first gets this many pilot rollouts (2 <= k < "
         "--rollout.n_samples_per_prompt); a prompt whose pilot rewards are all equal is screened out (not trained, "
         "its slot goes to the next prompt), the others get the rest of their group (SPEED-RL, arXiv 2506.09016), "
-        "whose advantages are weighted to undo the screen's conditioning (d3s/screen_weight_mean). 0 = off. Needs rewards at generation time and --d3s.schedule_steps (docs/generation.md)",
+        "whose advantages are weighted to undo the screen's conditioning (d3s/screen_weight_mean). 0 = off. Needs "
+        "rewards at generation time, a group-relative estimator and --d3s.schedule_steps (docs/generation.md)",
         int,
     )
     pilot_audit: float = _option(

@@ -13,8 +13,8 @@ pass rate p, a pilot of k is all-equal with probability p^k + (1-p)^k, the full 
 Screening conditions a group on its first k rewards not being all equal, so its pilots are enriched in the minority
 outcome: at p = 0.9 and k = 4 of G = 16 the group's expected mean reward is 0.852, not 0.9, and every advantage
 differs from GRPO's for the same prompt. :func:`screening_weights` undoes that conditioning exactly, for every
-estimator and every selection rule that is a function of the group's rewards (docs/generation.md, "Screened groups
-are weighted").
+group-relative estimator and every selection within the group (docs/generation.md, "Screened groups are
+weighted", which also says what it does not make exact).
 
 Keeping the engines busy: pilots are dispatched ahead so that the batch fills without a serial tail of one prompt
 at a time. With ``needed`` groups still to start and an acceptance estimate a, the pilots in flight are topped up

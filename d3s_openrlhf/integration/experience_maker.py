@@ -117,7 +117,7 @@ class D3SExperienceMaker(RemoteExperienceMaker):
         )
         all_tokens = sum(int(sample.action_mask.sum()) for sample in rollout_samples)
         token_level = self.k < 1.0
-        screened = self._screened_rewards(rollout_samples, num_prompts)
+        weights = self._screening_weights(rollout_samples, num_prompts)  # refused before any forward
 
         if kept == total:
             if rollout_samples[0].rewards is not None:  # precomputed: refuse bad ones before any forward
@@ -134,7 +134,7 @@ class D3SExperienceMaker(RemoteExperienceMaker):
             )
             self.last_rollouts = rollout_samples
             t0 = time.perf_counter()
-        screen_metrics = self._weight_screened(experiences, kept_index, screened) if screened is not None else {}
+        screen_metrics = self._weight_screened(experiences, kept_index, weights) if weights is not None else {}
 
         # the response tokens of the kept rollouts: what K is applied to
         candidate_tokens = sum(int(e.action_mask.sum()) for e in experiences)
@@ -230,9 +230,9 @@ class D3SExperienceMaker(RemoteExperienceMaker):
 
     # ── screened groups ──
 
-    def _screened_rewards(self, rollout_samples, num_prompts: int) -> Optional[torch.Tensor]:
-        """(B, G) rewards the pilots were screened on (as the generator put them on the samples, before length
-        penalties), or None without screening."""
+    def _screening_weights(self, rollout_samples, num_prompts: int) -> Optional[torch.Tensor]:
+        """(B,) screening weights of the batch's groups from the rewards the pilots were screened on (as the
+        generator put them on the samples, before length penalties), or None without screening."""
         if not self.d3s.screening_enabled:
             return None
         if any(sample.rewards is None for sample in rollout_samples):
@@ -240,12 +240,12 @@ class D3SExperienceMaker(RemoteExperienceMaker):
                 f"screening (--d3s.pilot_rollouts {self.d3s.pilot_rollouts}) decided on rewards given at generation "
                 "time, but some rollouts reached the experience maker without one"
             )
-        rewards = torch.cat([sample.rewards for sample in rollout_samples]).reshape(num_prompts, self.group_size)
-        return rewards.to(torch.promote_types(rewards.dtype, torch.float32))
+        rewards = torch.cat([sample.rewards for sample in rollout_samples])
+        self._check_rewards(rewards)
+        return screening_weights(rewards.reshape(num_prompts, self.group_size), self.d3s.pilot_rollouts)
 
-    def _weight_screened(self, experiences, kept_index: torch.Tensor, screened: torch.Tensor) -> Dict[str, float]:
+    def _weight_screened(self, experiences, kept_index: torch.Tensor, weights: torch.Tensor) -> Dict[str, float]:
         """Multiply each trained rollout's advantages by its group's screening weight; the weights' metrics."""
-        weights = screening_weights(screened, self.d3s.pilot_rollouts)
         for experience in experiences:
             rows = kept_index[torch.tensor(experience.index, dtype=torch.long)] // self.group_size
             scale = weights[rows].to(experience.advantages.dtype).unsqueeze(1)

@@ -561,6 +561,21 @@ def check_pilot_within_group(config: D3SConfig, args) -> Optional[str]:
     )
 
 
+def check_screening_estimator(config: D3SConfig, args) -> Optional[str]:
+    """Screening drops the prompts whose pilot rewards are all equal, and weights the groups it keeps to stand in
+    for them (``core.screening.screening_weights``): both hold only where a flat group has no advantage, i.e. under
+    a group-relative estimator."""
+    estimator = args.algo.advantage.estimator
+    if not config.screening_enabled or estimator in ADVANTAGE_ESTIMATORS:
+        return None
+    return (
+        f"--d3s.pilot_rollouts {config.pilot_rollouts} screens out the prompts whose pilot rewards are all equal, "
+        f"which carry no signal only under a group-relative estimator, but --algo.advantage.estimator is "
+        f"{estimator} (it gives such prompts advantages); use one of {', '.join(ADVANTAGE_ESTIMATORS)}, or "
+        "--d3s.pilot_rollouts 0"
+    )
+
+
 def check_stall_passes(config: D3SConfig, args) -> Optional[str]:
     """--d3s.stall_passes bounds a run that cannot fill its batches, which only screening or dynamic filtering at
     fixed steps can be: elsewhere every drawn prompt's group joins, and the flag would be ignored."""
@@ -697,6 +712,7 @@ HOST_CHECKS: Tuple[HostCheck, ...] = (
     check_generation_rewards,
     check_skip_group_size,
     check_pilot_within_group,
+    check_screening_estimator,
     check_stall_passes,
     *(
         functools.partial(check, group=group)

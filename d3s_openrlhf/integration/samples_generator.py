@@ -107,7 +107,9 @@ def _reward(response, config) -> float:
             "call fails (see its log); prompt skipping and screening (--d3s.prompt_skip "
             f"{config.prompt_skip}, --d3s.pilot_rollouts {config.pilot_rollouts}) need the reward of every rollout"
         )
-    reward = float(reward.item() if isinstance(reward, torch.Tensor) else reward)
+    # the value as upstream stores it on the experience (torch.tensor([reward]): a Python float becomes fp32), so
+    # that the screen and the experience maker's screening weights see the same ties
+    reward = torch.tensor([reward]).item()
     if not math.isfinite(reward):
         raise RuntimeError(f"a non-finite reward {reward} for prompt {response.get('prompt', '')[:200]!r}")
     return reward

@@ -189,3 +189,52 @@ def test_the_simulation_sees_the_bias_of_unweighted_screened_groups(method):
     reference = _per_draw_outcome_sums(0.9, 0, method, weighted=False, seed=1)
     unweighted = _per_draw_outcome_sums(0.9, 4, method, weighted=False, seed=2)
     assert _z_scores(unweighted, reference).abs().max() > 10
+
+
+def _screened_table(p, pilots, group_size=SIM_GROUP):
+    """Every (pilot successes, rest successes) of Bernoulli(p) rewards: one row of rewards each, with its probability
+    (pilots first) and whether the pilot passes."""
+    rest = group_size - pilots
+    rows, probabilities = [], []
+    for head in range(pilots + 1):
+        for tail in range(rest + 1):
+            rows.append([1.0] * head + [0.0] * (pilots - head) + [1.0] * tail + [0.0] * (rest - tail))
+            successes = head + tail
+            ways = math.comb(pilots, head) * math.comb(rest, tail)
+            probabilities.append(ways * p**successes * (1 - p) ** (group_size - successes))
+    rewards = torch.tensor(rows, dtype=torch.float64)
+    head = rewards[:, :pilots]
+    return rewards, torch.tensor(probabilities, dtype=torch.float64), head.amax(-1) != head.amin(-1)
+
+
+@pytest.mark.parametrize("pilots", [2, 4, 8])
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_by_enumeration_weighted_groups_have_grpos_expected_advantages_exactly(p, pilots):
+    """The exact version of the simulation for GRPO (group_norm): every reward configuration of a group of 16,
+    weighted by its probability; per outcome, the expected sum of advantages per prompt drawn."""
+    rewards, probability, passed = _screened_table(p, pilots)
+    advantages = group_advantages(rewards, "group_norm")
+    weights = torch.zeros_like(probability)
+    weights[passed] = screening_weights(rewards[passed], pilots)
+    for outcome in (0.0, 1.0):
+        per_group = (advantages * (rewards == outcome)).sum(-1)
+        # the table lists each configuration of pilot and rest counts once: the unscreened expectation is the same sum
+        torch.testing.assert_close((probability * weights * per_group).sum(), (probability * per_group).sum())
+
+
+def test_the_documented_bias_of_unweighted_screened_groups():
+    """docs/generation.md's numbers at p = 0.9, k = 4, G = 16 (group_norm): the screened group's expected mean
+    reward, and the mean advantage of the rollouts generated after the pilot, wrong and right, against GRPO's."""
+    rewards, probability, passed = _screened_table(0.9, 4)
+    conditional = probability * passed / (probability * passed).sum()
+    assert (conditional * rewards.mean(-1)).sum().item() == pytest.approx(0.852, abs=5e-4)
+    advantages = group_advantages(rewards, "group_norm")
+    rest = torch.zeros_like(rewards, dtype=torch.bool)
+    rest[:, 4:] = True
+    for outcome, screened_mean, grpo_mean in ((0.0, -2.00, -2.48), (1.0, 0.39, 0.28)):
+        members = rest & (rewards == outcome)
+        mean = (conditional * (advantages * members).sum(-1)).sum() / (conditional * members.sum(-1)).sum()
+        assert mean.item() == pytest.approx(screened_mean, abs=5e-3)
+        everyone = rewards == outcome  # GRPO: every configuration, unconditioned
+        grpo = (probability * (advantages * everyone).sum(-1)).sum() / (probability * everyone.sum(-1)).sum()
+        assert grpo.item() == pytest.approx(grpo_mean, abs=5e-3)

@@ -721,7 +721,7 @@ def test_screened_groups_train_their_advantages_times_their_screening_weight(gro
 
 def test_screened_groups_are_weighted_on_the_rewards_before_length_penalties(groups):
     args = host_args("--reward.overlong_buffer_len", "2", "--rollout.max_new_tokens", "6")
-    lengths = [2, 6, 3, 6] * 4  # the long ones lose 1: the weights on penalised rewards would be 1.2, 1, 1.2, 1
+    lengths = [2, 6, 3, 6] * 4  # the long ones lose 1: the weights on penalised rewards would be 1.2, 1, 1.2, 1.2
     maker = make_maker(groups, args, config(preset="grpo", pilot_rollouts=2, schedule_steps=10))
     maker.set_schedule_point(0, 4, 1.0)
     maker.make_experience_batch(make_rollouts(SCREENED, response_lengths=lengths))
@@ -729,12 +729,13 @@ def test_screened_groups_are_weighted_on_the_rewards_before_length_penalties(gro
     assert maker.last_metrics["d3s/screen_weight_mean"] == pytest.approx(sum(SCREEN_WEIGHTS) / 4)
 
 
-def test_a_screened_group_with_all_rewards_equal_is_refused(groups):
-    maker = make_maker(groups, host_args(), config(preset="grpo", pilot_rollouts=2, schedule_steps=10))
-    maker.set_schedule_point(0, 4, 1.0)
+@pytest.mark.parametrize("preset,n", [("grpo", 4), ("d3s", 2)])
+def test_a_screened_group_with_all_rewards_equal_is_refused_before_any_forward(groups, preset, n):
+    maker = make_maker(groups, host_args(), config(preset=preset, pilot_rollouts=2, schedule_steps=10))
+    maker.set_schedule_point(0, n, 1.0)
     with pytest.raises(ValueError, match=r"groups \[2\] have all 4 rewards equal"):
         maker.make_experience_batch(make_rollouts(REWARDS))
-    _records(groups.policy)
+    assert _records(groups.policy) == [[], []]
 
 
 # ── the trainer step (BasePPOTrainer.train_step with the D3S mixin) ──

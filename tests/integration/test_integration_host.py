@@ -383,6 +383,14 @@ CHECK_CASES = [
         "--d3s.pilot_rollouts 8 must be below --rollout.n_samples_per_prompt 8",
     ),
     (
+        host.check_screening_estimator,
+        {"preset": "grpo", "pilot_rollouts": 2, "schedule_steps": 20},
+        [*REMOTE, "--algo.advantage.estimator", "reinforce"],
+        [*REMOTE, "--algo.advantage.estimator", "rloo"],
+        "--d3s.pilot_rollouts 2 screens out the prompts whose pilot rewards are all equal, which carry no signal "
+        "only under a group-relative estimator, but --algo.advantage.estimator is reinforce",
+    ),
+    (
         host.check_stall_passes,
         {"preset": "d3s", "schedule_steps": 20, "stall_passes": 2},
         REMOTE,

@@ -20,7 +20,13 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from d3s_openrlhf.core.config import D3SConfig
 from d3s_openrlhf.core.selection import step_generator
 from d3s_openrlhf.integration.host import config_namespace, parse_host_args
-from d3s_openrlhf.integration.samples_generator import STATE_KEY, D3SSamplesGenerator, PromptStream, prompt_key
+from d3s_openrlhf.integration.samples_generator import (
+    STATE_KEY,
+    D3SSamplesGenerator,
+    PromptStream,
+    _reward,
+    prompt_key,
+)
 
 PROMPTS = 24  # 12 easy, 12 mixed
 B, G, K = 4, 5, 2  # the rest of a group (G - K = 3) is told from its pilot (K = 2) by its size
@@ -490,6 +496,15 @@ def test_a_missing_reward_is_a_clear_error(screen):
     generator.rewarded = False
     with pytest.raises(RuntimeError, match=r"no reward for a rollout of prompt 'p\d+'.*--reward.remote_url"):
         generator.generate_samples(max_len=64)
+
+
+def test_the_screen_compares_rewards_as_the_experiences_store_them():
+    """Upstream stores a rollout's reward as torch.tensor([reward]): fp32 from a Python float. Two rewards equal
+    there are equal to the screen too, so the screen and the experience maker's screening weights see one tie."""
+    config = D3SConfig.from_flags(dict(preset="grpo", pilot_rollouts=K, schedule_steps=4))
+    values = (0.1, 0.1 + 1e-12, torch.tensor(0.1, dtype=torch.float64), torch.tensor([0.25]))
+    assert [_reward({"reward": value}, config) for value in values] == [torch.tensor([v]).item() for v in values]
+    assert _reward({"reward": values[0]}, config) == _reward({"reward": values[1]}, config)
 
 
 def test_evaluation_is_neither_screened_nor_skipped_nor_recorded():
