@@ -20,6 +20,9 @@ run's end it stays at its last value (the model a run has at a later time is its
   one budget shared by every arm and rate of that task and regime.
 - **A collapsed run** (:func:`collapsed`): its final held-out greedy accuracy is more than ``COLLAPSE`` below the
   warm start's.
+- **What limits a reading**, counted for the report: thresholds first reached at the first evaluation (their time
+  interpolates from the warm start, :func:`before_first_evaluation`), and chosen rates at the sweep's edge
+  (:func:`at_sweep_edge`).
 """
 
 from __future__ import annotations
@@ -79,6 +82,18 @@ def collapsed(curve, warm_start):
 def thresholds(warm_start, fractions):
     """The accuracies ``warm start + fraction x (1 - warm start)``: set once per task, before its runs."""
     return [warm_start + fraction * (1.0 - warm_start) for fraction in fractions]
+
+
+def before_first_evaluation(curve, threshold):
+    """Whether the curve reaches ``threshold`` at its first evaluation after the warm start, not before: its time
+    is then an interpolation from the warm start and reads the first evaluation's accuracy more than a time."""
+    return len(curve) > 1 and curve[0]["greedy"] < threshold <= curve[1]["greedy"]
+
+
+def at_sweep_edge(chosen, rates):
+    """Whether the ``chosen`` rate is the lowest or the highest of the swept ``rates`` (of more than one): the best
+    rate may then lie outside the sweep."""
+    return len(rates) > 1 and chosen in (min(rates), max(rates))
 
 
 def choose_lr(areas):
@@ -199,6 +214,7 @@ def arm_analysis(runs, levels, grpo_wall, warm_start):
         total_wall=float(np.mean([run["curve"][-1]["wall"] for run in runs])),
         times=times,
         mean_times=[{clock: bootstrap_mean(level[clock], rng) for clock in CLOCKS} for level in times],
+        first_evaluation=[sum(before_first_evaluation(run["curve"], level) for run in runs) for level in levels],
         at_grpo_wall=None if grpo_wall is None else [value_at(run["curve"], "wall", grpo_wall) for run in runs],
         area=None if grpo_wall is None else [area(run["curve"], grpo_wall) for run in runs],
         costs=step_costs(runs),
@@ -226,6 +242,7 @@ def regime_analysis(document, task, regime):
     arms = {arm: arm_analysis(runs, levels, grpo_wall, warm_start) for arm, runs in study.items()}
     for arm, m in arms.items():
         m["lr"] = chosen[arm]
+        m["at_sweep_edge"] = at_sweep_edge(chosen[arm], list(sweep[arm]))
         m["ratios"], m["overlap"] = {}, {}
         for base in (b for b in BASELINES if b in arms):
             rng = np.random.default_rng(0)
@@ -236,6 +253,18 @@ def regime_analysis(document, task, regime):
             m["overlap"][base] = [
                 {clock: overlap(mine[clock], theirs[clock]) for clock in CLOCKS}
                 for mine, theirs in zip(m["mean_times"], arms[base]["mean_times"])
+            ]
+    # the rates were chosen on the sweep's seeds, which then count in the study: the study's own seeds alone
+    # are free of that selection (wall clock)
+    fresh = {arm: [run for run in runs if run["phase"] == "study"] for arm, runs in study.items()}
+    for arm, m in arms.items():
+        m["study_seeds"] = sorted(run["seed"] for run in fresh[arm])
+        m["study_ratios"] = {}
+        for base in (b for b in BASELINES if b in arms and fresh[b] and fresh[arm]):
+            rng = np.random.default_rng(0)
+            m["study_ratios"][base] = [
+                bootstrap_ratio(*([time_to(run["curve"], level, "wall") for run in fresh[a]] for a in (arm, base)), rng)
+                for level in levels
             ]
     collapses = [
         dict(arm=run["arm"], lr=run["lr"], seed=run["seed"], phase=run["phase"], final=run["curve"][-1]["greedy"])

@@ -151,6 +151,18 @@ def _sweep_lines(analysed):
     return lines
 
 
+def _edge_lines(analysed):
+    edge = [arm for arm, m in analysed["arms"].items() if m["at_sweep_edge"]]
+    if not edge:
+        return []
+    return [
+        "",
+        "Chosen at the edge of the sweep (the lowest or the highest rate swept, so the best rate may lie outside it): "
+        + ", ".join(f"{arm} ({analysed['arms'][arm]['lr']:g})" for arm in edge)
+        + ".",
+    ]
+
+
 def _collapse_lines(analysed):
     head = (
         f"**Collapsed runs** (final held-out greedy more than {COLLAPSE} below the warm start's "
@@ -207,6 +219,17 @@ def _time_lines(analysed):
             pattern = {"step": "{:.1f}", "wall": "{:.0f}", "generated": "{:,.0f}"}
             cells = [m["mean_times"][i][clock].text(pattern[clock]) for clock in CLOCKS]
             lines.append(f"| {level:.3f} | {arm} | {censored} of {len(m['seeds'])} | {' | '.join(cells)} |")
+    first = [
+        sum(m["first_evaluation"][i] for m in analysed["arms"].values()) for i in range(len(analysed["thresholds"]))
+    ]
+    runs = sum(len(m["seeds"]) for m in analysed["arms"].values())
+    if any(first):
+        counts = ", ".join(f"{level:.3f}: {n} of {runs}" for level, n in zip(analysed["thresholds"], first))
+        lines += [
+            "",
+            f"Runs that first reached a threshold at the first evaluation, so that its time above interpolates from "
+            f"the warm start and reads that evaluation's accuracy more than a time: {counts}.",
+        ]
     return lines
 
 
@@ -230,6 +253,23 @@ def _ratio_lines(analysed, base):
     return lines
 
 
+def _study_seed_lines(analysed, base):
+    arms = {arm: m for arm, m in analysed["arms"].items() if arm != base and base in m["study_ratios"]}
+    if not arms:
+        return []
+    seeds = ", ".join(map(str, analysed["arms"][base]["study_seeds"]))
+    lines = [
+        f"**Wall-time ratios to {base} on the study's seeds alone** ({seeds}; the rates were chosen on the sweep's "
+        "seeds, which count above too, so these are free of that choice):",
+        "",
+        "| threshold | " + " | ".join(arms) + " |",
+        "|---" * (1 + len(arms)) + "|",
+    ]
+    for i, level in enumerate(analysed["thresholds"]):
+        lines.append(f"| {level:.3f} | " + " | ".join(m["study_ratios"][base][i].text() for m in arms.values()) + " |")
+    return lines
+
+
 def regime_lines(document, analysed, heading):
     task, regime = analysed["task"], analysed["regime"]
     title = REGIME_TITLES[regime].format(pool=document["protocol"]["pool"])
@@ -244,6 +284,7 @@ def regime_lines(document, analysed, heading):
         + ".",
         "",
         *_sweep_lines(analysed),
+        *_edge_lines(analysed),
         "",
         *_collapse_lines(analysed),
     ]
@@ -252,6 +293,8 @@ def regime_lines(document, analysed, heading):
     lines += ["", *_arm_lines(analysed), "", *_time_lines(analysed)]
     for base in (b for b in BASELINES if b in analysed["arms"]):
         lines += ["", *_ratio_lines(analysed, base)]
+        study_seeds = _study_seed_lines(analysed, base)
+        lines += ["", *study_seeds] if study_seeds else []
     return lines
 
 

@@ -223,6 +223,28 @@ def test_the_analysis_of_a_synthetic_study():
     assert d3s["at_grpo_wall"] == pytest.approx([0.95] * 4)
     assert d3s["costs"] == pytest.approx({"step": 0.8, "generation": 0.5, "experience": 0.2, "training": 0.25})
     assert set(grpo["ratios"]) == {"GRPO", "GRPO+DF"}
+    # what limits the reading: D3S reaches 0.55 at its first evaluation on every seed (0.55-0.58 at step 10); the
+    # rates chosen at 2e-4 are the sweep's highest
+    assert d3s["first_evaluation"] == [4, 0, 0] and grpo["first_evaluation"] == [0, 0, 0]
+    # on the study's seeds alone (2, 3): D3S to 0.55 in 0.8 s x 0.15 / 0.55 x 35 steps, GRPO in 0.3 x 65 steps
+    assert d3s["study_seeds"] == [2, 3] and set(d3s["study_ratios"]) == {"GRPO", "GRPO+DF"}
+    assert d3s["study_ratios"]["GRPO"][0].point == pytest.approx(0.8 * 0.15 / 0.55 * 35 / (0.3 * 65))
+    assert {arm: m["at_sweep_edge"] for arm, m in analysed["arms"].items()} == {
+        "GRPO": False,
+        "GRPO+DF": True,
+        "PODS": True,
+        "D3S": True,
+    }
+
+
+def test_what_limits_a_reading_crossings_at_the_first_evaluation_and_rates_at_the_sweeps_edge():
+    rising = curve([0.6, 0.8], warm=0.4)
+    assert speed.before_first_evaluation(rising, 0.5) and speed.before_first_evaluation(rising, 0.6)
+    assert not speed.before_first_evaluation(rising, 0.7)  # reached between the first and second evaluations
+    assert not speed.before_first_evaluation(rising, 0.3)  # held at the warm start
+    assert not speed.before_first_evaluation(curve([0.4]), 0.5)  # no evaluation after the warm start
+    assert speed.at_sweep_edge(5e-5, [5e-5, 1e-4, 2e-4]) and speed.at_sweep_edge(2e-4, [2e-4, 5e-5, 1e-4])
+    assert not speed.at_sweep_edge(1e-4, [5e-5, 1e-4, 2e-4]) and not speed.at_sweep_edge(1e-4, [1e-4])
 
 
 def test_the_speed_report_states_what_was_measured(tmp_path):
@@ -243,6 +265,16 @@ def test_the_speed_report_states_what_was_measured(tmp_path):
     assert "**Ratios to GRPO+DF** (lr 0.0002)" in text
     pods_top = next(line for line in text.splitlines() if line.startswith("| 0.850 | PODS | >="))
     assert "| no |" in pods_top
+    assert (
+        "Chosen at the edge of the sweep (the lowest or the highest rate swept, so the best rate may lie outside "
+        "it): GRPO+DF (0.0002), PODS (0.0002), D3S (0.0002)." in text
+    )
+    assert (
+        "at the first evaluation, so that its time above interpolates from the warm start and reads that "
+        "evaluation's accuracy more than a time: 0.550: 4 of 16, 0.700: 0 of 16, 0.850: 0 of 16." in text
+    )
+    assert "**Wall-time ratios to GRPO on the study's seeds alone** (2, 3;" in text
+    assert "| threshold | GRPO+DF | PODS | D3S |" in text
     assert "agrees" not in text and "verdict" not in text.lower()  # measurements only
 
 
