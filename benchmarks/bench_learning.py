@@ -226,11 +226,15 @@ def run(
     pool=None,
     lr=None,
     keep_models=True,
+    cap=None,
 ):
     """One RL run and its held-out evaluations; returns the per-step metrics and the evaluation curve. ``regime``
     (screen and speed parts): "passes" over the first ``pool`` prompts, or "fresh" ones (``pool``: the whole RL
     split); ``lr``: the learning rate (None: the demo's); ``keep_models=False``: the saved checkpoints and final
-    model are deleted once evaluated (the run's log and events stay)."""
+    model are deleted once evaluated (the run's log and events stay). ``cap``: seconds after which the run is
+    stopped and kept as it is (``stopped``: its logged steps and the checkpoints saved before its last logged step;
+    a policy that collapsed under dynamic filtering or screening at fixed steps can spend hours generating groups
+    that are all flat); without it a run that has not ended after an hour fails."""
     config = rl_config(prepared, part, method, seed, steps, eval_every, prompts, fp32, pool, lr)
     rate = "" if lr is None else f"-lr{lr:g}"
     name = f"{part}-{regime}-{method}{rate}-seed{seed}" if regime else f"{part}-{method}{rate}-seed{seed}"
@@ -241,7 +245,13 @@ def run(
     )
     log = os.path.join(workdir, f"{name}.log")
     started = time.time()
-    rc = pipeline.run_logged(command, log, timeout=3600)
+    stopped = False
+    try:
+        rc = pipeline.run_logged(command, log, timeout=cap or 3600)
+    except TimeoutError:
+        if cap is None:
+            raise
+        stopped, rc = True, 0
     if rc != 0:
         raise RuntimeError(f"{name} failed (exit {rc}); see {log}")
     seconds = time.time() - started
@@ -251,7 +261,10 @@ def run(
         int(CHECKPOINT.search(path).group(1)): path
         for path in glob.glob(os.path.join(run_dir, "checkpoints", "global_step*_hf"))
     }
-    models[len(logged)] = os.path.join(run_dir, "final_model")
+    if stopped:  # no final model; a checkpoint of the last logged step may have been cut off while it was written
+        models = {step: path for step, path in models.items() if step < len(logged)}
+    else:
+        models[len(logged)] = os.path.join(run_dir, "final_model")
     started_eval = time.time()
     evaluation = dict(seed=seed, task=task, max_new_tokens=prepared.max_new_tokens, samples=samples)
     curve = [
@@ -268,6 +281,7 @@ def run(
         "heldout": curve,
         "process_seconds": seconds,
         "eval_seconds": eval_seconds,
+        "stopped": stopped,
     }
 
 

@@ -37,12 +37,18 @@ The protocol (the analysis: ``benchmarks/reporting/speed.py``):
   at each arm's chosen rate; the sweep's seeds at that rate count too, so 4 seeds. ``--phases study`` refuses to
   start an arm whose sweep is incomplete.
 
-Cost on 2 CPU cores (estimated from the screen part's runs of the same 150 steps, 2026-11-25/26: 113 to 273 s a run,
-about 40 s of it starting Ray, the actors and vLLM; its evaluations took about 1 s per checkpoint of 128 prompts):
-about 2.5 to 3 minutes a run with its 16 evaluations. Per task and regime, 5 arms x 3 rates x 2 seeds = 30 sweep
-runs and 5 x 2 = 10 study runs; chainsum's two regimes and chainsum_tens's one make 120 runs, about 5 to 6 hours,
-plus each task's SFT warm start (5 to 19 minutes): about 6 hours in all. Leave the machine otherwise idle: the
-curves' clock is wall time.
+Cost on 2 CPU cores (measured 2026-11-27): a run with its 16 evaluations takes 2.5 to 4 minutes (chainsum; 3.3 on
+average) and 3.5 to 3.7 (chainsum_tens), about 45 s of it starting Ray, the actors and vLLM; each task's SFT warm
+start 5 minutes. Per task and regime, 5 arms x 3 rates x 2 seeds = 30 sweep runs and 5 x 2 = 10 study runs, 132
+minutes for chainsum's fresh regime; chainsum's two regimes and chainsum_tens's one make 120 runs, about 7 hours.
+Leave the machine otherwise idle: the curves' clock is wall time (runs that shared the CPU with tests took 1.1-2.7x
+as long a step).
+
+A run still going after ``--run-cap`` seconds (900) is stopped and kept with its logged steps and the checkpoints
+it saved before its last one (``stopped`` in the JSON): GRPO + DF at 2e-4 on chainsum_tens collapsed to reward 0,
+after which upstream's filter drops every group (all flat) and draws again, so a step that needs 8 groups with
+variance generates for ever (2026-11-27). Such a run's last evaluation is its final accuracy (a collapse, read as
+any other) and a threshold it never reached is censored at its end; the report lists the stopped runs.
 
 ``--quick`` checks the chain: a 1-epoch SFT on 64 examples, GRPO and D3S (the arms that drop flat groups would stall on
 so weak a warm start), lr 2e-4, seed 0, 4 steps with an evaluation every 2 on 16 held-out prompts, then the report,
@@ -100,6 +106,7 @@ GENERATION_KEYS = (
     "d3s/screen_weight_mean",
     "dynamic_filtering_pass_rate",
 )
+RUN_CAP = 900.0  # seconds; a run takes 2.5 to 4 minutes (2026-11-27)
 PROTOCOL = (
     "precision",
     "quick",
@@ -139,6 +146,13 @@ def parse_options(argv=None):
     parser.add_argument("--fractions", type=float, nargs="+", default=list(FRACTIONS), help="the thresholds' shares")
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     parser.add_argument("--quick", action="store_true", help="check the chain (see the docstring)")
+    parser.add_argument(
+        "--run-cap",
+        type=float,
+        default=RUN_CAP,
+        help="seconds after which a run is stopped and kept with the evaluations it saved (a collapsed policy under "
+        "dynamic filtering can generate flat groups for hours)",
+    )
     parser.add_argument("--no-report", action="store_true")
     options = parser.parse_args(argv)
     if options.quick:
@@ -250,6 +264,7 @@ def record(result, task, regime, arm, lr, seed, phase, warm_start):
         flags=[str(flag) for flag in PARTS["speed"][arm][1]],
         process_seconds=result["process_seconds"],
         eval_seconds=result["eval_seconds"],
+        stopped=result["stopped"],
         curve=curve,
         steps={
             **{key: [s[key] for s in steps] for key in STEP_KEYS},
@@ -281,13 +296,18 @@ def run_one(options, prepared, document, path, workdir, key, phase):
         pool=options.pool if regime == "passes" else n_prompts,
         lr=lr,
         keep_models=False,
+        cap=options.run_cap,
     )
     warm_start = document["tasks"][task]["warm_start"]["greedy"]
-    document["runs"].append(record(result, task, regime, arm, lr, seed, phase, warm_start))
+    entry = record(result, task, regime, arm, lr, seed, phase, warm_start)
+    document["runs"].append(entry)
     save(document, path)
+    stopped = (
+        f" (stopped at the {options.run_cap:.0f} s cap after step {len(result['steps'])})" if entry["stopped"] else ""
+    )
     print(
-        f"{task} {regime} {arm} lr {lr:g} seed {seed} ({phase}): held-out greedy {result['heldout'][-1]['greedy']:.3f}"
-        f"; run {result['process_seconds']:.0f}s + eval {result['eval_seconds']:.0f}s",
+        f"{task} {regime} {arm} lr {lr:g} seed {seed} ({phase}): held-out greedy {entry['curve'][-1]['greedy']:.3f}"
+        f"{stopped}; run {result['process_seconds']:.0f}s + eval {result['eval_seconds']:.0f}s",
         flush=True,
     )
 

@@ -35,7 +35,7 @@ from reporting.sections import (
     step_cost_section,
     summary,
 )
-from reporting.speed_doc import speed_main, speed_section
+from reporting.speed_doc import speed_main, speed_section, speed_summary
 from reporting.study import study_analysis
 from reporting.study_doc import plot_study, study_body
 
@@ -121,6 +121,7 @@ def main(argv=None):
         "figures are in section 5 (On a GPU) and section 10, each with its card.",
         "",
         *summary(cost, parts, found),
+        *(speed_summary(results / "speed_study.json") if (results / "speed_study.json").exists() else []),
         "",
         *step_cost_section(cost),
         "",

@@ -56,7 +56,7 @@ def _reward_clock(grpo, method, which, name):
         f"({base['wall']:.0f} s), {name} at step {other['step']} ({other['wall']:.0f} s)"
     )
     speedup = _reward_speedup(grpo, method, which)
-    return text + ("." if speedup is None else f": {speedup:.2f}x in wall time.")
+    return text + ("." if speedup is None else f": a speed-up of {speedup:.2f}x in wall time (GRPO's over {name}'s).")
 
 
 def _speed_verdict(heldout, reward, claimed, drift):
@@ -119,7 +119,7 @@ def claims(parts, eval_every):
             f"{qualifier}. GRPO (n = m = {grpo['group']}) peaks at "
             f"{pods['peak']:.3f} held-out greedy, reached first {_reach_text(grpo['reach_peak'])}; PODS (n = "
             f"{method['group']}, m = {grpo['group']}) reaches it {_reach_text(method['reach_peak'])}"
-            + ("" if speedup is None else f": {speedup:.2f}x in wall time")
+            + ("" if speedup is None else f": a speed-up of {speedup:.2f}x in wall time (GRPO's over PODS's)")
             + f" {resolution}. {_reward_clock(grpo, method, 'peak', 'PODS')} Final greedy "
             f"{mean_std(method['final_greedy'])} against GRPO's {mean_std(grpo['final_greedy'])} "
             f"(p = {p_text(method['test_vs_grpo'])})."
@@ -152,7 +152,11 @@ def claims(parts, eval_every):
         detail = (
             f"{qualifier}. GRPO's final held-out greedy {family['target']:.3f} is first reached by GRPO "
             f"{_reach_text(grpo['reach_final'])}, by D3S {_reach_text(d3s['reach_final'])}"
-            + ("" if speedup is None else f": {speedup:.2f}x in wall time, {steps:.2f}x in steps")
+            + (
+                ""
+                if speedup is None
+                else f": a speed-up of {speedup:.2f}x in wall time, {steps:.2f}x in steps (GRPO's over D3S's)"
+            )
             + f" {resolution}. {_reward_clock(grpo, d3s, 'final', 'D3S')} Final greedy "
             f"{mean_std(d3s['final_greedy'])} against GRPO's {mean_std(grpo['final_greedy'])} "
             f"(p = {p_text(d3s['test_vs_grpo'])})."

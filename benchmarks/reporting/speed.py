@@ -189,6 +189,36 @@ def step_costs(runs):
     return {name: float(np.mean(values)) for name, values in totals.items()}
 
 
+def _total(runs, key):
+    return float(sum(sum(run["steps"].get(key, ())) for run in runs))
+
+
+def generation_level(runs, batch):
+    """What an arm's generation level did over its runs (None for an arm without one): pilots per step and the
+    share that passed, the audited false rejects (screened-out prompts whose full group had variance), prompts
+    skipped per step, the shares of the trained groups generated whole (``--d3s.pilot_history``) and made of pilots
+    carried from the batch before (one policy update old), and the mean screening weight. Per-step counts as
+    bench_speed.py keeps them; ``batch``: the prompts of a step."""
+    keys = {key for run in runs for key in run["steps"]}
+    if not keys & {"d3s/pilots", "d3s/skipped_prompts"}:
+        return None
+    steps = sum(len(run["steps"]["timing/step_total"]) for run in runs)
+    pilots, screened = _total(runs, "d3s/pilots"), _total(runs, "d3s/screened_prompts")
+    audited = _total(runs, "d3s/audited_prompts")
+    unpiloted = _total(runs, "d3s/unpiloted_groups")
+    weights = [w for run in runs for w in run["steps"].get("d3s/screen_weight_mean", ()) if w]
+    return dict(
+        pilots_per_step=pilots / steps,
+        acceptance=1.0 - screened / pilots if pilots else None,
+        false_rejects=(_total(runs, "d3s/false_rejects") / audited, int(audited)) if audited else None,
+        skipped_per_step=_total(runs, "d3s/skipped_prompts") / steps,
+        unpiloted_share=unpiloted / (steps * batch),
+        unpiloted_flat=_total(runs, "d3s/unpiloted_flat") / unpiloted if unpiloted else None,
+        carried_share=_total(runs, "d3s/carried_pilots") / (steps * batch),
+        screen_weight=float(np.mean(weights)) if weights else None,
+    )
+
+
 def sweep_analysis(runs, budget, warm_start):
     """Per arm and rate of the sweep's runs: seeds, areas up to ``budget``, final accuracies, collapsed seeds."""
     sweep = {}
@@ -202,9 +232,10 @@ def sweep_analysis(runs, budget, warm_start):
     return sweep
 
 
-def arm_analysis(runs, levels, grpo_wall, warm_start):
+def arm_analysis(runs, levels, grpo_wall, warm_start, batch):
     """One arm's study runs (its chosen rate): final accuracy, collapses, times to each threshold per clock,
-    accuracy at and area up to GRPO's total wall time (None without GRPO), step costs."""
+    accuracy at and area up to GRPO's total wall time (None without GRPO), step costs, the generation level's
+    counts (:func:`generation_level`; ``batch``: prompts per step)."""
     times = [{clock: [time_to(run["curve"], level, clock) for run in runs] for clock in CLOCKS} for level in levels]
     rng = np.random.default_rng(0)
     return dict(
@@ -218,11 +249,13 @@ def arm_analysis(runs, levels, grpo_wall, warm_start):
         at_grpo_wall=None if grpo_wall is None else [value_at(run["curve"], "wall", grpo_wall) for run in runs],
         area=None if grpo_wall is None else [area(run["curve"], grpo_wall) for run in runs],
         costs=step_costs(runs),
+        generation=generation_level(runs, batch),
     )
 
 
 def regime_analysis(document, task, regime):
-    """The study of one task and regime: the sweep with its budget and choices, every collapsed run, each arm at
+    """The study of one task and regime: the sweep with its budget and choices, every collapsed run and every run
+    stopped at bench_speed.py's cap (``stopped``: its last evaluation stands as its final one), each arm at
     its chosen rate, and the ratios of its times to each baseline's (GRPO, GRPO + DF, each at its own chosen rate)
     with their intervals and whether the seed-mean intervals overlap."""
     own = [run for run in document["runs"] if _key(run) == (task, regime)]
@@ -234,12 +267,24 @@ def regime_analysis(document, task, regime):
     ]
     budget = float(np.mean([run["curve"][-1]["wall"] for run in reference])) if reference else None
     sweep = sweep_analysis(sweep_runs, budget, warm_start)
+    # an arm chooses once it has run every rate on every seed of the sweep (as the others have): a partial sweep
+    # would choose among fewer rates, and on fewer seeds
+    grid = {(run["lr"], run["seed"]) for run in sweep_runs}
+    missing = {
+        arm: sorted(grid - {(lr, seed) for lr, e in rates.items() for seed in e["seeds"]})
+        for arm, rates in sweep.items()
+    }
     chosen = {}
     if budget:
-        chosen = {arm: choose_lr({lr: e["area"] for lr, e in rates.items()}) for arm, rates in sweep.items()}
+        chosen = {
+            arm: choose_lr({lr: e["area"] for lr, e in rates.items()})
+            for arm, rates in sweep.items()
+            if not missing[arm]
+        }
     study = {arm: [run for run in own if run["arm"] == arm and run["lr"] == lr] for arm, lr in chosen.items()}
     grpo_wall = float(np.mean([run["curve"][-1]["wall"] for run in study["GRPO"]])) if "GRPO" in study else None
-    arms = {arm: arm_analysis(runs, levels, grpo_wall, warm_start) for arm, runs in study.items()}
+    batch = document["protocol"]["prompts_per_step"]
+    arms = {arm: arm_analysis(runs, levels, grpo_wall, warm_start, batch) for arm, runs in study.items()}
     for arm, m in arms.items():
         m["lr"] = chosen[arm]
         m["at_sweep_edge"] = at_sweep_edge(chosen[arm], list(sweep[arm]))
@@ -271,6 +316,17 @@ def regime_analysis(document, task, regime):
         for run in own
         if collapsed(run["curve"], warm_start)
     ]
+    stopped = [
+        dict(
+            arm=run["arm"],
+            lr=run["lr"],
+            seed=run["seed"],
+            phase=run["phase"],
+            steps=len(run["steps"]["timing/step_total"]),
+        )
+        for run in own
+        if run.get("stopped")
+    ]
     return dict(
         task=task,
         regime=regime,
@@ -280,9 +336,11 @@ def regime_analysis(document, task, regime):
         reference_seeds=sorted(run["seed"] for run in reference),
         sweep=sweep,
         chosen=chosen,
+        incomplete={arm: gaps for arm, gaps in missing.items() if gaps},
         grpo_wall=grpo_wall,
         arms=arms,
         collapses=collapses,
+        stopped=stopped,
     )
 
 

@@ -20,6 +20,18 @@ CLOCK_COLUMNS = {"step": "steps", "wall": "wall s", "generated": "generated toke
 LR_COLORS = ("tab:green", "tab:blue", "tab:red", "tab:purple", "tab:orange", "tab:brown")
 GRID = 60  # points of the seed-mean curves on the wall-time and token clocks
 ARM_COLORS = {**STUDY_COLORS, "GRPO+DF": "tab:red", "GRPO+screen": "tab:brown"}
+_D3S = "N 4 -> 12, K 0.2 -> 0.5"
+_AUDIT = "2% of the screened-out prompts audited"
+ARM_TEXT = {  # bench_learning.PARTS["speed"], in words
+    "GRPO+DF": "GRPO + DF (upstream's `--algo.dynamic_filtering_enable`)",
+    "PODS": "PODS (n = 16, m = 4, max-variance)",
+    "D3S": f"D3S ({_D3S})",
+    "D3S-I": f"D3S-I ({_D3S}, intra-group)",
+    "GRPO+screen": f"GRPO + screening (pilots of 4, {_AUDIT})",
+    "D3S+history": "D3S + the history prior (`--d3s.prompt_skip history`)",
+    "D3S+screen4+history": f"D3S + screening with pilots of 4 + the history prior ({_AUDIT})",
+    "D3S+screen8+history": f"D3S + screening with pilots of 8 + the history prior ({_AUDIT})",
+}
 
 
 def _task_name(task):
@@ -152,15 +164,21 @@ def _sweep_lines(analysed):
 
 
 def _edge_lines(analysed):
+    lines = []
     edge = [arm for arm, m in analysed["arms"].items() if m["at_sweep_edge"]]
-    if not edge:
-        return []
-    return [
-        "",
-        "Chosen at the edge of the sweep (the lowest or the highest rate swept, so the best rate may lie outside it): "
-        + ", ".join(f"{arm} ({analysed['arms'][arm]['lr']:g})" for arm in edge)
-        + ".",
-    ]
+    if edge:
+        lines += [
+            "",
+            "Chosen at the edge of the sweep (the lowest or the highest rate swept, so the best rate may lie outside "
+            "it): " + ", ".join(f"{arm} ({analysed['arms'][arm]['lr']:g})" for arm in edge) + ".",
+        ]
+    if analysed["incomplete"]:
+        gaps = "; ".join(
+            f"{arm} (" + ", ".join(f"lr {lr:g} seed {seed}" for lr, seed in missing) + ")"
+            for arm, missing in analysed["incomplete"].items()
+        )
+        lines += ["", f"Sweep not complete, so no rate chosen and no study yet: {gaps} still to run."]
+    return lines
 
 
 def _collapse_lines(analysed):
@@ -168,16 +186,30 @@ def _collapse_lines(analysed):
         f"**Collapsed runs** (final held-out greedy more than {COLLAPSE} below the warm start's "
         f"{analysed['warm_start']:.3f}):"
     )
-    if not analysed["collapses"]:
-        return [f"{head} none."]
-    runs = [
-        f"{c['arm']} lr {c['lr']:g} seed {c['seed']} ({c['phase']}): {c['final']:.3f}" for c in analysed["collapses"]
-    ]
-    counts = {}
-    for c in analysed["collapses"]:
-        counts[c["arm"]] = counts.get(c["arm"], 0) + 1
-    per_arm = ", ".join(f"{arm} {n}" for arm, n in counts.items())
-    return [f"{head} {len(runs)} (per arm: {per_arm}): " + "; ".join(runs) + "."]
+    if analysed["collapses"]:
+        runs = [
+            f"{c['arm']} lr {c['lr']:g} seed {c['seed']} ({c['phase']}): {c['final']:.3f}"
+            for c in analysed["collapses"]
+        ]
+        counts = {}
+        for c in analysed["collapses"]:
+            counts[c["arm"]] = counts.get(c["arm"], 0) + 1
+        per_arm = ", ".join(f"{arm} {n}" for arm, n in counts.items())
+        lines = [f"{head} {len(runs)} (per arm: {per_arm}): " + "; ".join(runs) + "."]
+    else:
+        lines = [f"{head} none."]
+    if analysed["stopped"]:
+        stopped = "; ".join(
+            f"{r['arm']} lr {r['lr']:g} seed {r['seed']} ({r['phase']}) after step {r['steps']}"
+            for r in analysed["stopped"]
+        )
+        lines += [
+            "",
+            "Stopped at the run cap (bench_speed.py's `--run-cap`: a collapsed policy whose groups are all flat, which "
+            f"dynamic filtering drops and draws again, generates for ever): {stopped}. The last evaluation of each "
+            "stands as its final accuracy.",
+        ]
+    return lines
 
 
 def _arm_lines(analysed):
@@ -200,6 +232,38 @@ def _arm_lines(analysed):
             f"| {arm} | {m['lr']:g} | {', '.join(map(str, m['seeds']))} | {mean_std(m['final'])} | "
             f"{len(m['collapsed'])} | {at_wall} | {area} | {m['total_wall']:.0f} | {costs['step']:.2f} | "
             f"{costs['generation']:.0%} | {costs['experience']:.0%} | {costs['training']:.0%} |"
+        )
+    return lines
+
+
+def _share(value, pattern="{:.0%}"):
+    return "-" if value is None else pattern.format(value)
+
+
+def _generation_lines(analysed):
+    arms = {arm: m for arm, m in analysed["arms"].items() if m["generation"]}
+    if not arms:
+        return []
+    lines = [
+        "**The generation level** (over the arm's runs at its chosen rate): pilots per step and the share that "
+        "passed; false rejects, the share of the audited screened-out prompts whose full group had variance (audits "
+        "in brackets); prompts skipped per step; the trained groups generated whole because their record said mixed "
+        "(and how many of those came out flat); the trained groups whose pilots were carried from the batch before, "
+        "so generated by the policy one update older than the rest of their group; the mean screening weight; the "
+        "share of a step spent generating:",
+        "",
+        "| arm | pilots / step | pilot acceptance | false rejects | skipped / step | generated whole (flat) | carried "
+        "pilots | screen weight | generation |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for arm, m in arms.items():
+        g = m["generation"]
+        rejects = "-" if g["false_rejects"] is None else f"{g['false_rejects'][0]:.0%} ({g['false_rejects'][1]})"
+        whole = f"{g['unpiloted_share']:.0%} ({_share(g['unpiloted_flat'])})" if g["unpiloted_share"] else "-"
+        lines.append(
+            f"| {arm} | {g['pilots_per_step']:.1f} | {_share(g['acceptance'])} | {rejects} | "
+            f"{g['skipped_per_step']:.1f} | {whole} | {g['carried_share']:.0%} | "
+            f"{_share(g['screen_weight'], '{:.2f}')} | {m['costs']['generation']:.0%} |"
         )
     return lines
 
@@ -290,7 +354,10 @@ def regime_lines(document, analysed, heading):
     ]
     if not analysed["arms"]:
         return lines
-    lines += ["", *_arm_lines(analysed), "", *_time_lines(analysed)]
+    lines += ["", *_arm_lines(analysed)]
+    generation = _generation_lines(analysed)
+    lines += ["", *generation] if generation else []
+    lines += ["", *_time_lines(analysed)]
     for base in (b for b in BASELINES if b in analysed["arms"]):
         lines += ["", *_ratio_lines(analysed, base)]
         study_seeds = _study_seed_lines(analysed, base)
@@ -321,9 +388,9 @@ def speed_body(document, analyses, plots, heading="###"):
         "(`--d3s.schedule_steps`); held-out greedy accuracy every "
         f"{protocol['eval_every']} steps from saved checkpoints; wall time is the sum of the steps' "
         "`timing/step_total` (Ray and vLLM start-up, checkpoint saving and the evaluations excluded); generated "
-        "tokens count every response generated. Arms: GRPO, GRPO + DF (upstream's `--algo.dynamic_filtering_enable`), "
-        "PODS (n = 16, m = 4, max-variance), D3S and D3S-I (N 4 -> 12, K 0.2 -> 0.5), each at the rate its sweep "
-        "chose; the sweep's seeds at that rate count in the study.",
+        "tokens count every response generated. Arms: "
+        + ", ".join(ARM_TEXT.get(arm, arm) for arm in dict.fromkeys(run["arm"] for run in runs))
+        + "; each at the rate its sweep chose; the sweep's seeds at that rate count in the study.",
     ]
     for regime, (study_png, runs_png) in plots.items():
         if study_png:
@@ -359,6 +426,30 @@ def speed_section(path, number):
     linked = {regime: tuple(name and f"results/{name}" for name in names) for regime, names in plots.items()}
     title = f"## {number}. Speed to fixed accuracies, each arm at its tuned learning rate"
     return [title, "", *speed_body(document, analyses, linked)]
+
+
+def speed_summary(path):
+    """The summary's lines of ``speed_study.json`` (RESULTS.md's head): per task and regime with arms at their chosen
+    rates, every arm's wall time to each threshold as a ratio to GRPO's, with its interval."""
+    document = json.loads(Path(path).read_text())
+    lines = []
+    for analysed in speed_analysis(document):
+        arms = analysed["arms"]
+        if "GRPO" not in arms or len(arms) < 2:
+            continue
+        seeds = ", ".join(map(str, sorted({seed for m in arms.values() for seed in m["seeds"]})))
+        title = REGIME_TITLES[analysed["regime"]].format(pool=document["protocol"]["pool"])
+        levels = " / ".join(f"{level:.3f}" for level in analysed["thresholds"])
+        ratios = "; ".join(
+            f"{arm} " + " / ".join(r["wall"].text() for r in m["ratios"]["GRPO"])
+            for arm, m in arms.items()
+            if arm != "GRPO"
+        )
+        lines.append(
+            f"- Speed (section 11), `{_task_name(analysed['task'])}`, {title}, each arm at its tuned rate, seeds "
+            f"{seeds}: wall time to {levels} held-out greedy as a ratio to GRPO's (95% intervals): {ratios}."
+        )
+    return lines
 
 
 def speed_main(path, output):

@@ -247,6 +247,64 @@ def test_what_limits_a_reading_crossings_at_the_first_evaluation_and_rates_at_th
     assert not speed.at_sweep_edge(1e-4, [5e-5, 1e-4, 2e-4]) and not speed.at_sweep_edge(1e-4, [1e-4])
 
 
+def test_an_arm_with_an_incomplete_sweep_chooses_no_rate():
+    from reporting import speed_doc
+
+    document = synthetic_document()
+    document["runs"] = [  # GRPO+DF's sweep still lacks 2e-4 on seed 1, and its study
+        run
+        for run in document["runs"]
+        if run["arm"] != "GRPO+DF" or (run["phase"] == "sweep" and (run["lr"], run["seed"]) != (2e-4, 1))
+    ]
+    (analysed,) = speed.speed_analysis(document)
+    assert "GRPO+DF" not in analysed["chosen"] and "GRPO+DF" not in analysed["arms"]
+    assert analysed["incomplete"] == {"GRPO+DF": [(2e-4, 1)]}
+    assert set(analysed["arms"]["D3S"]["ratios"]) == {"GRPO"}  # no ratios to a baseline without a rate
+    text = "\n".join(speed_doc.regime_lines(document, analysed, "###"))
+    assert "Sweep not complete, so no rate chosen and no study yet: GRPO+DF (lr 0.0002 seed 1) still to run." in text
+    assert "**Ratios to GRPO+DF**" not in text
+
+
+def test_the_generation_level_of_an_arm_is_counted_over_its_runs():
+    from reporting import speed_doc
+
+    document = synthetic_document()
+    for run in (run for run in document["runs"] if run["arm"] == "D3S"):
+        n = len(run["steps"]["timing/step_total"])
+        alternate = [float(i % 2) for i in range(n)]
+        run["steps"].update(
+            {
+                "d3s/pilots": [12.0] * n,
+                "d3s/screened_prompts": [4.0] * n,
+                "d3s/audited_prompts": [1.0] * n,
+                "d3s/false_rejects": alternate,
+                "d3s/skipped_prompts": [3.0] * n,
+                "d3s/unpiloted_groups": [2.0] * n,
+                "d3s/unpiloted_flat": alternate,
+                "d3s/carried_pilots": [2.0] * n,
+                "d3s/screen_weight_mean": [1.5] * (n - 1) + [0.0],  # a step filled by carried pilots: no weights
+            }
+        )
+    (analysed,) = speed.speed_analysis(document)
+    generation = dict(analysed["arms"]["D3S"]["generation"])
+    assert generation.pop("false_rejects") == (0.5, 600)  # 4 seeds x 150 steps, one audit a step
+    assert generation == pytest.approx(
+        dict(
+            pilots_per_step=12.0,
+            acceptance=2 / 3,
+            skipped_per_step=3.0,
+            unpiloted_share=2 / 8,  # of the 8 groups of a step
+            unpiloted_flat=0.25,
+            carried_share=2 / 8,
+            screen_weight=1.5,
+        )
+    )
+    assert analysed["arms"]["GRPO"]["generation"] is None
+    text = "\n".join(speed_doc.regime_lines(document, analysed, "###"))
+    assert "| D3S | 12.0 | 67% | 50% (600) | 3.0 | 25% (25%) | 25% | 1.50 | 50% |" in text
+    assert "| GRPO | " not in text.split("**The generation level**")[1].split("**Time to each threshold**")[0]
+
+
 def test_the_speed_report_states_what_was_measured(tmp_path):
     from reporting import speed_doc
 
@@ -294,6 +352,14 @@ def test_results_md_has_the_speed_study_as_section_11_when_it_ran(tmp_path):
     assert "## 11. Speed to fixed accuracies, each arm at its tuned learning rate" in text
     assert "](results/speed_study_fresh.png)" in text and (results / "speed_study_fresh.png").exists()
     assert "### `toy_task`, one pass over fresh prompts" in text
+    # the head of RESULTS.md summarises it: every arm's wall-time ratios to GRPO at the thresholds
+    head = text.split("## 1. ")[0]
+    speed_line = next(line for line in head.splitlines() if line.startswith("- Speed (section 11)"))
+    assert "`toy_task`, one pass over fresh prompts, each arm at its tuned rate, seeds 0, 1, 2, 3" in speed_line
+    assert "wall time to 0.550 / 0.700 / 0.850 held-out greedy as a ratio to GRPO's" in speed_line
+    d3s = speed.speed_analysis(synthetic_document())[0]["arms"]["D3S"]["ratios"]["GRPO"]
+    assert "D3S " + " / ".join(level["wall"].text() for level in d3s) in speed_line
+    assert "GRPO+DF " in speed_line and "PODS " in speed_line and " / >=" in speed_line  # PODS censored at 0.850
     report.main(["--speed", str(results / "speed_study.json"), "--output", str(tmp_path / "alone.md")])
     assert (tmp_path / "alone.md").read_text().startswith("# Speed to fixed accuracies")
 
@@ -301,18 +367,20 @@ def test_results_md_has_the_speed_study_as_section_11_when_it_ran(tmp_path):
 # -- the runner: appending seed by seed, resuming, the study at the chosen rates -----------------------------------
 class FakeLauncher:
     """bench_learning.run and prepare_task without Ray: GRPO learns best at 1e-4, D3S at 2e-4; the ``fail_at``-th
-    run raises (a run cut off)."""
+    run raises (a run cut off); GRPO at 5e-5 on ``stop_seed`` is stopped at the run cap after half its steps."""
 
     PEAK = {"GRPO": 1e-4, "D3S": 2e-4}
 
     def __init__(self, fail_at=None):
-        self.calls, self.fail_at, self.warm_starts = [], fail_at, 0
+        self.calls, self.fail_at, self.warm_starts, self.stop_seed = [], fail_at, 0, None
 
     def run(self, prepared, task, part, arm, seed, workdir, steps, eval_every, samples, prompts, fp32, **kw):
         self.calls.append((kw["regime"], arm, kw["lr"], seed))
-        assert part == "speed" and not kw["keep_models"] and samples == 0
+        assert part == "speed" and not kw["keep_models"] and samples == 0 and kw["cap"] > 0
         if len(self.calls) == self.fail_at:
             raise RuntimeError("run failed")
+        stopped = (arm, kw["lr"], seed) == ("GRPO", 5e-5, self.stop_seed)
+        steps = steps // 2 if stopped else steps
         top = 0.9 if kw["lr"] == self.PEAK[arm] else 0.6
         logged = [
             {
@@ -329,7 +397,14 @@ class FakeLauncher:
             for s in range(steps)
         ]
         heldout = [{"step": s, "greedy": top * s / steps} for s in range(eval_every, steps + 1, eval_every)]
-        return {"group": 16, "steps": logged, "heldout": heldout, "process_seconds": 50.0, "eval_seconds": 2.0}
+        return {
+            "group": 16,
+            "steps": logged,
+            "heldout": heldout,
+            "process_seconds": 50.0,
+            "eval_seconds": 2.0,
+            "stopped": stopped,
+        }
 
     def prepare_task(self, task, precision, config, workdir, split):
         """The warm start made once per ``workdir`` (SFT seconds the first time, None when reused)."""
@@ -405,6 +480,20 @@ def test_the_runner_appends_each_run_and_resumes_where_it_stopped(tmp_path, laun
     # the runs' warm start is gone (another --workdir): a new one would not be the warm start of the recorded runs
     with pytest.raises(SystemExit, match="from a warm start that is no longer in .*elsewhere"):
         bench_speed.main([*speed_argv(tmp_path), "--workdir", str(tmp_path / "elsewhere")])
+
+
+def test_a_run_stopped_at_the_cap_is_kept_and_reported(tmp_path, launcher):
+    import bench_speed
+
+    launcher.stop_seed = 1
+    bench_speed.main(speed_argv(tmp_path, "--steps", "8", "--run-cap", "60"))
+    document = json.loads((tmp_path / "out" / "speed_study.json").read_text())
+    (stopped,) = [run for run in document["runs"] if run["stopped"]]
+    assert (stopped["arm"], stopped["lr"], stopped["seed"]) == ("GRPO", 5e-5, 1)
+    assert len(stopped["steps"]["timing/step_total"]) == 4 and stopped["curve"][-1]["step"] == 4
+    text = (tmp_path / "out" / "speed_study.md").read_text()
+    assert "Stopped at the run cap (bench_speed.py's `--run-cap`" in text
+    assert "GRPO lr 5e-05 seed 1 (sweep) after step 4" in text
 
 
 def test_the_study_waits_for_a_complete_sweep(tmp_path, launcher):
