@@ -35,7 +35,7 @@ from reporting.sections import (
     step_cost_section,
     summary,
 )
-from reporting.speed_doc import speed_main, speed_section, speed_summary
+from reporting.speed_doc import speed_main, speed_section
 from reporting.study import study_analysis
 from reporting.study_doc import plot_study, study_body
 
@@ -113,6 +113,8 @@ def main(argv=None):
     cost = json.loads((results / "step_cost.json").read_text())
     plot_step_cost(cost["points"], results / "step_cost.png")
     study, parts, found = study_section(results)
+    speed_path = results / "speed_study.json"
+    speed, speed_summary = speed_section(speed_path, 11) if speed_path.exists() else (None, [])
     document = [
         "# Benchmarks: what D3S costs and saves",
         "",
@@ -121,7 +123,7 @@ def main(argv=None):
         "figures are in section 5 (On a GPU) and section 10, each with its card.",
         "",
         *summary(cost, parts, found),
-        *(speed_summary(results / "speed_study.json") if (results / "speed_study.json").exists() else []),
+        *speed_summary,
         "",
         *step_cost_section(cost),
         "",
@@ -148,8 +150,8 @@ def main(argv=None):
     cuda_tests = results / "cuda_tests.json"
     cuda_tests = json.loads(cuda_tests.read_text()) if cuda_tests.exists() else None
     document += [*gpu_actor_section(gpu_actor_documents(results), 10, cuda_tests), ""]
-    if (results / "speed_study.json").exists():
-        document += [*speed_section(results / "speed_study.json", 11), ""]
+    if speed is not None:
+        document += [*speed, ""]
     else:
         document += [
             "## 11. Speed to fixed accuracies, each arm at its tuned learning rate",

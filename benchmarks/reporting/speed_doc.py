@@ -419,21 +419,21 @@ def write_plots(document, analyses, directory, prefix):
 
 
 def speed_section(path, number):
-    """The RESULTS.md section of ``speed_study.json`` (its plots written beside it, linked as ``results/...``)."""
+    """The RESULTS.md section of ``speed_study.json`` (its plots written beside it, linked as ``results/...``) and
+    its lines in RESULTS.md's summary, from one analysis: ``(section, summary)``."""
     document = json.loads(Path(path).read_text())
     analyses = speed_analysis(document)
     plots = write_plots(document, analyses, Path(path).parent, "speed_study")
     linked = {regime: tuple(name and f"results/{name}" for name in names) for regime, names in plots.items()}
     title = f"## {number}. Speed to fixed accuracies, each arm at its tuned learning rate"
-    return [title, "", *speed_body(document, analyses, linked)]
+    return [title, "", *speed_body(document, analyses, linked)], _summary_lines(document, analyses)
 
 
-def speed_summary(path):
-    """The summary's lines of ``speed_study.json`` (RESULTS.md's head): per task and regime with arms at their chosen
-    rates, every arm's wall time to each threshold as a ratio to GRPO's, with its interval."""
-    document = json.loads(Path(path).read_text())
+def _summary_lines(document, analyses):
+    """Per task and regime with arms at their chosen rates, every arm's wall time to each threshold as a ratio to
+    GRPO's, with its interval."""
     lines = []
-    for analysed in speed_analysis(document):
+    for analysed in analyses:
         arms = analysed["arms"]
         if "GRPO" not in arms or len(arms) < 2:
             continue
