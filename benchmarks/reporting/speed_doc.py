@@ -31,6 +31,10 @@ ARM_TEXT = {  # bench_learning.PARTS["speed"], in words
     "D3S+history": "D3S + the history prior (`--d3s.prompt_skip history`)",
     "D3S+screen4+history": f"D3S + screening with pilots of 4 + the history prior ({_AUDIT})",
     "D3S+screen8+history": f"D3S + screening with pilots of 8 + the history prior ({_AUDIT})",
+    "D3S+screen4+pilot-history": (
+        f"D3S + screening with pilots of 4 + the history prior, prompts known mixed without a pilot "
+        f"(`--d3s.pilot_history`, {_AUDIT})"
+    ),
 }
 
 

@@ -105,6 +105,27 @@ def test_state_round_trip_resumes_the_same_decisions():
     ]
 
 
+def test_the_mixed_record_holds_the_prompts_whose_latest_observation_had_variance():
+    policy = PromptSkipPolicy(remember_mixed=True)
+    for key, rewards in (("a", [0, 1]), ("b", [0, 1]), ("b", [1, 1]), ("c", [1, 1]), ("c", [0, 1])):
+        policy.observe(key, rewards)
+    assert [policy.is_mixed(key) for key in "abcd"] == [True, False, True, False]
+    assert policy.streak("b") == 1 and not policy.is_candidate("c")
+    restored = PromptSkipPolicy(remember_mixed=True)
+    restored.load_state_dict(policy.state_dict())
+    assert restored.mixed == {"a", "c"} and restored.streaks == {"b": 1}
+    # a checkpoint from before the record (or of a run without it) resumes knowing nothing mixed
+    old = {"base": 0.5, "streaks": {"b": 1}}
+    restored.load_state_dict(old)
+    assert restored.mixed == set() and restored.streaks == {"b": 1}
+    # off (the default): the record stays empty, the state holds the candidates only
+    plain = PromptSkipPolicy()
+    plain.observe("a", [0, 1])
+    assert not plain.is_mixed("a") and plain.state_dict()["mixed"] == []
+    flags = {"preset": "grpo", "prompt_skip": "history", "pilot_rollouts": 2, "pilot_history": True}
+    assert D3SConfig.from_flags({**flags, "schedule_steps": 5}).skip_policy().remember_mixed
+
+
 def test_bad_parameters_are_reported_together_with_their_requirements():
     problems = PromptSkipPolicy.problems(base=1.0, floor=0.0, target=1.0, rate=0.0)
     assert [parameter for parameter, _, _ in problems] == ["base", "floor", "target", "rate"]
