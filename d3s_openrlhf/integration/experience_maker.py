@@ -260,17 +260,7 @@ class D3SExperienceMaker(RemoteExperienceMaker):
         piloted = torch.cat([sample.info.pop(PILOTED_INFO) for sample in rollout_samples])
         piloted = piloted.reshape(num_prompts, self.group_size)[:, 0] > 0  # a group's rollouts share their marker
         grid = rewards.reshape(num_prompts, self.group_size)
-        flat = piloted & (grid == grid[:, :1]).all(dim=1)
-        if bool(flat.any()):  # numbered in the batch (screening_weights would number the piloted groups alone)
-            raise ValueError(
-                f"groups {flat.nonzero().squeeze(1).tolist()[:8]} passed a pilot of {self.d3s.pilot_rollouts} but "
-                f"have all {self.group_size} rewards equal: the rewards given here must be those the pilots were "
-                "screened on"
-            )
-        weights = torch.ones(num_prompts, dtype=torch.float64)
-        if bool(piloted.any()):
-            weights[piloted] = screening_weights(grid[piloted], self.d3s.pilot_rollouts)
-        return weights, piloted
+        return screening_weights(grid, self.d3s.pilot_rollouts, piloted), piloted
 
     def _weight_screened(self, experiences, kept_index: torch.Tensor, screened) -> Dict[str, float]:
         """Multiply each trained rollout's advantages by its group's screening weight; the metrics of the weights of
