@@ -2,8 +2,11 @@
 
 OpenRLHF's vLLM rollout actors load the file and run ``AgentExecutor`` (its ``MultiTurnAgentExecutor``) on each
 prompt. Turn 1: the model answers the question; the environment gives no reward and asks the question again.
-Turn 2: the model answers again; the episode ends with reward 1.0 if that answer (up to its first EOS) is the
-label, else 0.0. Both answers are action tokens of the rollout; the repeated question is not.
+Turn 2: the model answers again; the episode ends with its only reward, the share of the two answers (each up to its
+first EOS) that are the label: 0, 0.5 or 1. Both answers are action tokens of the rollout; the repeated question is
+not. Counting the first answer too keeps the reward of most prompts varied: the toy model rarely answers right after
+the repeated question, and a reward of the second answer alone was flat for all but a few prompts, so that screening
+(``--d3s.pilot_rollouts``) could pass no pilot for passes over the prompts.
 """
 
 import torch
@@ -16,6 +19,7 @@ EOS = "</s>"
 class AgentInstance(AgentInstanceBase):
     def __init__(self, *args, **kwargs):
         self.turn = 0
+        self.correct = 0
         self.question = ""
 
     async def reset(self, states: dict, **kwargs):
@@ -26,7 +30,8 @@ class AgentInstance(AgentInstanceBase):
         self.turn += 1
         done = self.turn >= TURNS
         answer = states["action_text"].split(EOS, 1)[0].strip()
-        reward = float(done and answer == str(states["label"]).strip())
+        self.correct += answer == str(states["label"]).strip()
+        reward = self.correct / TURNS if done else 0.0
         return {
             "rewards": torch.tensor(reward),
             "scores": torch.tensor(reward),
