@@ -7,7 +7,7 @@ stopped invocation (a run cut off midway starts over):
 
     .venv/bin/python benchmarks/bench_speed.py [--out benchmarks/results]
         [--tasks d3s_openrlhf.tasks.chainsum d3s_openrlhf.tasks.chainsum_tens] [--regimes passes fresh]
-        [--arms GRPO GRPO+DF PODS D3S D3S-I] [--lrs 5e-5 1e-4 2e-4] [--sweep-seeds 0 1] [--seeds 2 3]
+        [--arms GRPO GRPO+DF PODS D3S D3S-I] [--lrs 2.5e-5 5e-5 1e-4 2e-4] [--sweep-seeds 0 1] [--seeds 2 3]
         [--phases sweep study]
     .venv/bin/python benchmarks/bench_speed.py --quick --out /tmp/speed_quick   # the chain, in about 2 minutes
     .venv/bin/python benchmarks/report.py --speed OUT/speed_study.json --output OUT/speed_study.md  # the report alone
@@ -33,16 +33,17 @@ The protocol (the analysis: ``benchmarks/reporting/speed.py``):
 - Per task, once its warm start (the task's SFT, shared by every run) is evaluated and before its first run, the
   thresholds: warm start + ``--fractions`` (25%, 50%, 75%) of the gap to 1.0, stored in the JSON and never
   recomputed.
-- The sweep: every arm at every ``--lrs`` (5e-5, 1e-4, 2e-4: today's 2e-4 and 4x below it), on the ``--sweep-seeds``
-  (0, 1), seed by seed. Each arm's rate is the one with the highest seed-mean area under its held-out curve against
-  wall time up to the sweep's budget, GRPO's seed-mean total wall time at 2e-4. The study: the ``--seeds`` (2, 3)
-  at each arm's chosen rate; the sweep's seeds at that rate count too, so 4 seeds. ``--phases study`` refuses to
-  start an arm whose sweep is incomplete.
+- The sweep: every arm at every ``--lrs`` (2.5e-5, 5e-5, 1e-4, 2e-4: today's 2e-4 and 8x below it; 2.5e-5 joined
+  once most arms had chosen 5e-5, then the lowest rate), on the ``--sweep-seeds`` (0, 1), seed by seed. Each arm's
+  rate is the one with the highest seed-mean area under its held-out curve against wall time up to the sweep's
+  budget, GRPO's seed-mean total wall time at 2e-4. The study: the ``--seeds`` (2, 3) at each arm's chosen rate; the
+  sweep's seeds at that rate count too, so 4 seeds. ``--phases study`` refuses to start an arm whose sweep is
+  incomplete.
 
 Cost on 2 CPU cores (measured 2026-11-27): a run with its 16 evaluations takes 2.5 to 4 minutes (chainsum; 3.3 on
 average) and 3.5 to 3.7 (chainsum_tens), about 45 s of it starting Ray, the actors and vLLM; each task's SFT warm
-start 5 minutes. Per task and regime, 5 arms x 3 rates x 2 seeds = 30 sweep runs and 5 x 2 = 10 study runs, 132
-minutes for chainsum's fresh regime; chainsum's two regimes and chainsum_tens's one make 120 runs, about 7 hours.
+start 5 minutes. Per task and regime, 5 arms x 4 rates x 2 seeds = 40 sweep runs and 5 x 2 = 10 study runs, about
+2.8 hours; chainsum's two regimes and chainsum_tens's one make 150 runs, about 8.5 hours.
 Leave the machine otherwise idle: the curves' clock is wall time (runs that shared the CPU with tests took 1.1-2.7x
 as long a step).
 
@@ -84,7 +85,7 @@ RESULTS_FILE = "speed_study.json"
 TASKS = {"d3s_openrlhf.tasks.chainsum": REGIMES, "d3s_openrlhf.tasks.chainsum_tens": ("fresh",)}  # task -> regimes
 ARMS = ("GRPO", "GRPO+DF", "PODS", "D3S", "D3S-I")
 QUICK_ARMS = ("GRPO", "D3S")  # the quick warm start solves almost nothing: the arms that drop flat groups would stall
-LRS = (5e-5, 1e-4, REFERENCE_LR)
+LRS = (2.5e-5, 5e-5, 1e-4, REFERENCE_LR)
 SWEEP_SEEDS, STUDY_SEEDS = (0, 1), (2, 3)
 EVAL_EVERY, HELDOUT = 10, 256
 FRACTIONS = (0.25, 0.5, 0.75)  # thresholds: warm start + these shares of the gap to 1.0

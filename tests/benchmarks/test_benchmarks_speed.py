@@ -435,7 +435,8 @@ def launcher(monkeypatch):
 
 def speed_argv(tmp_path, *more):
     flags = ["--tasks", "d3s_openrlhf.tasks.chainsum", "--regimes", "fresh", "--arms", "GRPO", "D3S", "--steps", "4"]
-    return ["--out", str(tmp_path / "out"), "--workdir", str(tmp_path / "runs"), *flags, "--eval-every", "2", *more]
+    flags += ["--lrs", "5e-5", "1e-4", "2e-4", "--eval-every", "2"]
+    return ["--out", str(tmp_path / "out"), "--workdir", str(tmp_path / "runs"), *flags, *more]
 
 
 def test_the_runner_appends_each_run_and_resumes_where_it_stopped(tmp_path, launcher):
@@ -525,6 +526,6 @@ def test_each_task_runs_its_own_regimes():
 
     options = bench_speed.parse_options([])
     assert [bench_speed.regimes_of(options, task) for task in options.tasks] == [["passes", "fresh"], ["fresh"]]
-    assert options.arms == ["GRPO", "GRPO+DF", "PODS", "D3S", "D3S-I"] and options.lrs == [5e-5, 1e-4, 2e-4]
+    assert options.arms == ["GRPO", "GRPO+DF", "PODS", "D3S", "D3S-I"] and options.lrs == [2.5e-5, 5e-5, 1e-4, 2e-4]
     assert max(options.lrs) / min(options.lrs) >= 4 and options.heldout >= 256
     assert options.steps // options.eval_every == 15
