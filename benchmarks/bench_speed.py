@@ -33,19 +33,21 @@ The protocol (the analysis: ``benchmarks/reporting/speed.py``):
 - Per task, once its warm start (the task's SFT, shared by every run) is evaluated and before its first run, the
   thresholds: warm start + ``--fractions`` (25%, 50%, 75%) of the gap to 1.0, stored in the JSON and never
   recomputed.
-- The sweep: every arm at every ``--lrs`` (2.5e-5, 5e-5, 1e-4, 2e-4: today's 2e-4 and 8x below it; 2.5e-5 joined
-  once most arms had chosen 5e-5, then the lowest rate), on the ``--sweep-seeds`` (0, 1), seed by seed. Each arm's
-  rate is the one with the highest seed-mean area under its held-out curve against wall time up to the sweep's
-  budget, GRPO's seed-mean total wall time at 2e-4. The study: the ``--seeds`` (2, 3) at each arm's chosen rate; the
-  sweep's seeds at that rate count too, so 4 seeds. ``--phases study`` refuses to start an arm whose sweep is
-  incomplete.
+- The sweep: every arm at every ``--lrs`` (2.5e-5, 5e-5, 1e-4, 2e-4: today's 2e-4 and 8x below it; 2.5e-5 joined once
+  most arms had chosen 5e-5, then the lowest rate; the committed chainsum_tens study ran ``--lrs 1.25e-5 2.5e-5 5e-5
+  1e-4 2e-4``, as GRPO chose 2.5e-5 there), on the ``--sweep-seeds`` (0, 1), seed by seed. Each arm's rate is the one
+  with the highest seed-mean area under its held-out curve against wall time up to the sweep's budget, GRPO's
+  seed-mean total wall time at 2e-4. The study: the ``--seeds`` (2, 3) at each arm's chosen rate; the sweep's seeds at
+  that rate count too, so 4 seeds. ``--phases study`` refuses to start an arm whose sweep is incomplete.
 
 Cost on 2 CPU cores (measured 2026-11-27): a run with its 16 evaluations takes 2.5 to 4 minutes (chainsum; 3.3 on
 average) and 3.5 to 3.7 (chainsum_tens), about 45 s of it starting Ray, the actors and vLLM; each task's SFT warm
-start 5 minutes. Per task and regime, 5 arms x 4 rates x 2 seeds = 40 sweep runs and 5 x 2 = 10 study runs, about
-2.8 hours; chainsum's two regimes and chainsum_tens's one make 150 runs, about 8.5 hours.
-Leave the machine otherwise idle: the curves' clock is wall time (runs that shared the CPU with tests took 1.1-2.7x
-as long a step).
+start 5 minutes. Per task and regime, 5 arms x 4 rates x 2 seeds = 40 sweep runs and 5 x 2 = 10 study runs, about 2.8
+hours; chainsum's two regimes and chainsum_tens's one make 150 runs (160 with chainsum_tens at 1.25e-5), about 8.5
+hours. Leave the machine otherwise idle: the curves' clock is wall time (runs that shared the CPU with tests took
+1.1-2.7x as long a step). Even idle, this VM's speed drifted between sessions: batches of runs generated 10-25% faster
+or slower per token (2026-11-27), so runs added later (a new rate) carry that in their wall time; the report's steps
+and generated-token ratios do not.
 
 A run still going after ``--run-cap`` seconds (900) is stopped and kept with its logged steps and the checkpoints
 it saved before its last one (``stopped`` in the JSON): GRPO + DF at 2e-4 on chainsum_tens collapsed to reward 0,

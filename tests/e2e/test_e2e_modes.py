@@ -111,6 +111,17 @@ def assert_normalisers_are_kept_counts(probe_dir, ranks):
 
 
 INTRA = dict(preset="d3s-i", sample_scope="intra", n_init=3, n_final=6, k_init=0.6, k_final=0.9)
+# a reward that differs for every rollout: no group is flat. With dynamic batching upstream does not shuffle the
+# replay buffer, so an optimizer window holds the rollouts of a few neighbouring prompts; with the task's exact-match
+# reward all of them could be flat (intra selection keeps n of every group), leaving a window without a kept token
+# or a gradient by chance (about 1 run in 100)
+DISTINCT_REWARD = """
+import torch
+
+def reward_func(queries, prompts, labels, **kwargs):
+    rewards = torch.rand(len(queries))
+    return {"rewards": rewards, "scores": rewards, "extra_logs": {}}
+"""
 
 
 @pytest.mark.parametrize("fields", [CROSS, INTRA], ids=["cross", "intra"])
@@ -118,8 +129,15 @@ def test_dynamic_batching_two_ranks_zero3(fields, toy_sft, run_pipeline, assert_
     # dynamic batching forces packing (and flash_attention_2 over the eager default of ppo_args); 48 tokens per
     # micro-batch of sequences up to 16 tokens: several micro-batches per optimizer step
     dynamic = ["--train.dynamic_batch_enable", "--train.max_tokens_per_gpu", "48", "--rollout.max_tokens_per_gpu", "48"]
+    reward = tmp_path / "distinct_reward.py"
+    reward.write_text(DISTINCT_REWARD)
     config = dataclasses.replace(
-        BASE, actor_gpus=2, zero_stage=3, micro_batch_size=8, extra=helpers.d3s_flags(**fields) + dynamic
+        BASE,
+        actor_gpus=2,
+        zero_stage=3,
+        micro_batch_size=8,
+        reward=str(reward),
+        extra=helpers.d3s_flags(**fields) + dynamic,
     )
     probe_dir, env = probe_env(tmp_path)
     name = f"dynamic_{fields['sample_scope']}"
