@@ -6,7 +6,7 @@ Run from the repository root (parts and methods can run alone; each run appends 
         [--methods ...] [--seeds 0 1 2] [--steps 100] [--precision fp32] [--out benchmarks/results]
     .venv/bin/python benchmarks/bench_learning.py --quick --out /tmp/quick   # the whole chain in 11 minutes
     .venv/bin/python benchmarks/bench_learning.py --parts screen [--regimes passes fresh] [--seeds 0 1 2]
-        # the generation level's study: OUT/generation_study.json, section 6 of RESULTS.md
+        # the generation level's first study: OUT/generation_study.json, section 12 of RESULTS.md
 
 One SFT warm start per task and seed 0 (``pipeline.prepare``: tokenizer, 2-layer Llama, SFT, reward file from the
 task module) is shared by every run. Every run is ``d3s_openrlhf.cli.train_ppo_ray`` on the CPU runtime with

@@ -8,7 +8,7 @@ stopped invocation (a run cut off midway starts over):
     .venv/bin/python benchmarks/bench_speed.py [--out benchmarks/results]
         [--tasks d3s_openrlhf.tasks.chainsum d3s_openrlhf.tasks.chainsum_tens] [--regimes passes fresh]
         [--arms GRPO GRPO+DF PODS D3S D3S-I] [--lrs 2.5e-5 5e-5 1e-4 2e-4] [--sweep-seeds 0 1] [--seeds 2 3]
-        [--phases sweep study]
+        [--phases sweep study rerun] [--rerun-seeds 0 1 2 3]
     .venv/bin/python benchmarks/bench_speed.py --quick --out /tmp/speed_quick   # the chain, in about 2 minutes
     .venv/bin/python benchmarks/report.py --speed OUT/speed_study.json --output OUT/speed_study.md  # the report alone
 
@@ -20,7 +20,8 @@ The protocol (the analysis: ``benchmarks/reporting/speed.py``):
   the screened-out prompts audited, a cost the clock counts; ``D3S+screen4+pilot-history``: prompts known mixed
   without a pilot, which acts only when prompts recur, so in ``passes`` alone) are named with ``--arms``; their
   pilot, audit, skip and weight counts are kept per step. With ``--d3s.pilot_history`` the audited share covers the
-  prompts that were piloted only.
+  prompts that were piloted only. The report puts them in RESULTS.md section 6, beside GRPO and D3S, and the rest
+  in section 11.
 - Every run trains ``--steps`` (150) rollout steps with ``--d3s.schedule_steps`` (``bench_learning.rl_config``, as in
   the screen part), in the regimes ``passes`` (the first ``--pool`` 200 RL prompts, cycled: 6 passes) and ``fresh``
   (one pass over a 4000-prompt split). Per task, its regimes among ``--regimes`` are those of ``TASKS``: chainsum
@@ -39,6 +40,10 @@ The protocol (the analysis: ``benchmarks/reporting/speed.py``):
   with the highest seed-mean area under its held-out curve against wall time up to the sweep's budget, GRPO's
   seed-mean total wall time at 2e-4. The study: the ``--seeds`` (2, 3) at each arm's chosen rate; the sweep's seeds at
   that rate count too, so 4 seeds. ``--phases study`` refuses to start an arm whose sweep is incomplete.
+- ``--phases rerun`` times the ``--arms`` again at their chosen rates on ``--rerun-seeds``, recorded apart (phase
+  ``rerun``, logs under ``WORKDIR/<task>/rerun``) and reported as ``<arm> rerun``, which takes no part in the choice.
+  Arms added in a later batch (the generation level's) are compared with their base rerun in their batch: ``--arms
+  D3S --phases rerun --rerun-seeds 0 1`` before and ``2 3`` after them (2026-11-27).
 
 Cost on 2 CPU cores (measured 2026-11-27): a run with its 16 evaluations takes 2.5 to 4 minutes (chainsum; 3.3 on
 average) and 3.5 to 3.7 (chainsum_tens), about 45 s of it starting Ray, the actors and vLLM; each task's SFT warm
@@ -60,7 +65,7 @@ so weak a warm start), lr 2e-4, seed 0, 4 steps with an evaluation every 2 on 16
 which says it is a smoke test (``--regimes fresh``, 2026-11-27, 2 CPU cores: 2 minutes; the SFT 21 s, each run 48 s,
 nearly all of it starting Ray, the actors and vLLM). One ``--out`` holds one protocol: a run with other settings is
 refused. Every invocation ends with the report on the results so far (``OUT/speed_study.md`` and its plots);
-``benchmarks/report.py`` puts it in RESULTS.md as section 11.
+``benchmarks/report.py`` puts it in RESULTS.md as sections 11 and 6 (the generation level's arms).
 """
 
 from __future__ import annotations
@@ -143,7 +148,15 @@ def parse_options(argv=None):
     parser.add_argument(
         "--seeds", type=int, nargs="*", default=list(STUDY_SEEDS), help="the study's other seeds, at the chosen rates"
     )
-    parser.add_argument("--phases", nargs="+", default=["sweep", "study"], choices=("sweep", "study"))
+    parser.add_argument(
+        "--phases",
+        nargs="+",
+        default=["sweep", "study"],
+        choices=("sweep", "study", "rerun"),
+        help="rerun: the --arms again at their chosen rates on --rerun-seeds, kept apart (phase rerun), so that arms "
+        "run in a later batch are compared with their base timed in the same batch",
+    )
+    parser.add_argument("--rerun-seeds", type=int, nargs="+", default=[*SWEEP_SEEDS, *STUDY_SEEDS])
     parser.add_argument("--steps", type=int, default=SCREEN_STEPS, help="rollout steps per run")
     parser.add_argument("--eval-every", type=int, default=EVAL_EVERY)
     parser.add_argument("--heldout", type=int, default=HELDOUT, help="held-out prompts")
@@ -240,10 +253,12 @@ def prepare(options, task, document, workdir, path):
     return prepared
 
 
-def recorded(document, task, regime, arm, lr, seed):
+def recorded(document, task, regime, arm, lr, seed, rerun=False):
+    """Whether the run (a rerun, with ``rerun``) is in ``document``."""
     return any(
         (run["task"], run["regime"], run["arm"], run["seed"]) == (task, regime, arm, seed)
         and math.isclose(run["lr"], lr, rel_tol=1e-9)
+        and (run["phase"] == "rerun") == rerun
         for run in document["runs"]
     )
 
@@ -284,7 +299,7 @@ def record(result, task, regime, arm, lr, seed, phase, warm_start):
 def run_one(options, prepared, document, path, workdir, key, phase):
     """Run ``key`` = (task, regime, arm, lr, seed) unless it is recorded; append it to ``document`` and save."""
     task, regime, arm, lr, seed = key
-    if recorded(document, *key):
+    if recorded(document, *key, rerun=phase == "rerun"):
         return
     n_prompts = document["tasks"][task]["task_config"]["n_prompts"]
     result = bench_learning.run(
@@ -293,7 +308,7 @@ def run_one(options, prepared, document, path, workdir, key, phase):
         "speed",
         arm,
         seed,
-        os.path.join(workdir, bench_learning.task_dir_name(task)),
+        os.path.join(workdir, bench_learning.task_dir_name(task), *(["rerun"] if phase == "rerun" else [])),
         options.steps,
         options.eval_every,
         options.eval_samples,
@@ -364,6 +379,11 @@ def main(argv=None):
             for task, regime, arm in cells:
                 lr = chosen_lr(options, document, task, regime, arm)
                 run_one(options, prepared, document, path, workdir, (task, regime, arm, lr, seed), "study")
+    if "rerun" in options.phases:
+        for seed in options.rerun_seeds:
+            for task, regime, arm in cells:
+                lr = chosen_lr(options, document, task, regime, arm)
+                run_one(options, prepared, document, path, workdir, (task, regime, arm, lr, seed), "rerun")
     print(f"wrote {path} ({time.time() - started:.0f}s)")
     if not options.no_report:
         from reporting.speed_doc import speed_main

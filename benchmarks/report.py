@@ -4,11 +4,12 @@
 
 Reads ``step_cost.json`` (bench_step_cost.py), ``learning_study.json`` (bench_learning.py, section 2),
 ``selection.json`` (bench_selection.py), ``memory.json``, ``forward.json``, ``forward_gpu.json`` (where a GPU
-ran it), ``generation_study.json`` (bench_learning.py --parts screen, section 6), ``evaluate.json`` (bench_evaluate.py,
-section 7), ``screening.json`` (bench_screening.py, section 8), ``lora_sync_before.json`` / ``lora_sync_after.json``
-(bench_lora_sync.py, section 9), for section 10 ``gpu_h200_2026-11-26.json`` (the team's H200 measurement),
-``actor_gpu*.json`` (bench_actor_gpu.py) and ``cuda_tests.json`` (the suite's CUDA tests on a GPU machine), and
-``speed_study.json`` (bench_speed.py, section 11, where it ran). ``--study learning_study.json --output STUDY.md``
+ran it), ``evaluate.json`` (bench_evaluate.py, section 7), ``screening.json`` (bench_screening.py, section 8),
+``lora_sync_before.json`` / ``lora_sync_after.json`` (bench_lora_sync.py, section 9), for section 10
+``gpu_h200_2026-11-26.json`` (the team's H200 measurement), ``actor_gpu*.json`` (bench_actor_gpu.py) and
+``cuda_tests.json`` (the suite's CUDA tests on a GPU machine), ``speed_study.json`` (bench_speed.py, where it ran:
+section 11, and its generation-level arms section 6) and ``generation_study.json`` (bench_learning.py --parts
+screen, the generation level's first study at one rate, section 12). ``--study learning_study.json --output STUDY.md``
 instead writes the study alone (tables, Welch tests, the claims, ``STUDY.png``); ``--speed speed_study.json
 --output SPEED.md`` the speed study alone, with its plots beside it. Every number, comparison and verdict in the
 document is computed from those files (by ``benchmarks/reporting/``; this file parses the command line and assembles
@@ -35,7 +36,7 @@ from reporting.sections import (
     step_cost_section,
     summary,
 )
-from reporting.speed_doc import speed_main, speed_section
+from reporting.speed_doc import generation_level_section, speed_main, speed_section
 from reporting.study import study_analysis
 from reporting.study_doc import plot_study, study_body
 
@@ -115,6 +116,7 @@ def main(argv=None):
     study, parts, found = study_section(results)
     speed_path = results / "speed_study.json"
     speed, speed_summary = speed_section(speed_path, 11) if speed_path.exists() else (None, [])
+    level, level_summary = generation_level_section(speed_path, 6) if speed_path.exists() else (None, [])
     document = [
         "# Benchmarks: what D3S costs and saves",
         "",
@@ -124,6 +126,7 @@ def main(argv=None):
         "",
         *summary(cost, parts, found),
         *speed_summary,
+        *level_summary,
         "",
         *step_cost_section(cost),
         "",
@@ -138,8 +141,16 @@ def main(argv=None):
         document += [*forward_section(json.loads((results / "forward.json").read_text())), ""]
         gpu = results / "forward_gpu.json"
         document += [*gpu_forward_section(json.loads(gpu.read_text()) if gpu.exists() else None), ""]
-    if (results / "generation_study.json").exists():
-        document += [*generation_section(results / "generation_study.json", 6), ""]
+    if level is not None:
+        document += [*level, ""]
+    else:
+        document += [
+            "## 6. The generation level on the speed protocol: screening, the history prior, pilot history",
+            "",
+            "Not run yet: `.venv/bin/python benchmarks/bench_speed.py --out benchmarks/results --arms "
+            "D3S+history ...` (section 11's protocol; bench_speed.py's docstring names the arms), then `report.py`.",
+            "",
+        ]
     if (results / "evaluate.json").exists():
         document += [*evaluate_section(json.loads((results / "evaluate.json").read_text()), 7), ""]
     if (results / "screening.json").exists():
@@ -160,6 +171,8 @@ def main(argv=None):
             "2 CPU cores; it appends run by run and resumes), then `report.py`.",
             "",
         ]
+    if (results / "generation_study.json").exists():
+        document += [*generation_section(results / "generation_study.json", 12), ""]
     Path(options.output).write_text("\n".join(document))
     print(f"wrote {options.output} and the plots in {results}")
 

@@ -321,7 +321,9 @@ def generation_body(document, heading="###"):
 def generation_section(path, number):
     """The RESULTS.md section of ``generation_study.json``."""
     document = json.loads(Path(path).read_text())
-    title = f"## {number}. The generation level at fixed steps: screening, skipping and dynamic filtering"
+    title = (
+        f"## {number}. The generation level's first study, at one rate and fixed steps: screening, skipping, filtering"
+    )
     return [title, "", *generation_body(document)]
 
 

@@ -20,6 +20,9 @@ run's end it stays at its last value (the model a run has at a later time is its
   one budget shared by every arm and rate of that task and regime.
 - **A collapsed run** (:func:`collapsed`): its final held-out greedy accuracy is more than ``COLLAPSE`` below the
   warm start's.
+- **Reruns**: an arm timed again at its chosen rate in a later batch (phase ``rerun``) is reported as an arm of its
+  own (``RERUN``) and takes no part in the choice: the arms of that batch are compared with it, free of the
+  machine's drift between batches.
 - **What limits a reading**, counted for the report: thresholds first reached at the first evaluation (their time
   interpolates from the warm start, :func:`before_first_evaluation`), and chosen rates at the sweep's edge
   (:func:`at_sweep_edge`).
@@ -36,6 +39,18 @@ COLLAPSE = 0.1  # a run whose final greedy accuracy ends more than this below th
 REFERENCE_LR = 2e-4  # today's rate: GRPO's total wall time at it is the sweep's budget
 CLOCKS = ("step", "wall", "generated")
 BASELINES = ("GRPO", "GRPO+DF")
+# the generation level's arms (bench_learning.PARTS["speed"]) -> the arm each adds its level to: its ratios are
+# taken to that arm too, and the documents report them apart (RESULTS.md section 6)
+GENERATION_BASES = {
+    "GRPO+screen": "GRPO",
+    "D3S+history": "D3S",
+    "D3S+screen4+history": "D3S",
+    "D3S+screen8+history": "D3S",
+    "D3S+screen4+pilot-history": "D3S",
+}
+# an arm timed again at its chosen rate in a later batch (bench_speed.py --phases rerun) is reported as this arm,
+# beside the arms of that batch: the machine's speed drifted 10-25% between batches (2026-11-27)
+RERUN = " rerun"  # the suffix of such an arm's name
 ALPHA = 0.05
 RESAMPLES = 2000  # bootstrap resamples of the seeds
 
@@ -168,18 +183,24 @@ def overlap(a, b):
 
 
 # -- the document --------------------------------------------------------------------------------------------------
-def _key(run):
+def run_key(run):
+    """A run's (task, regime)."""
     return run["task"], run["regime"]
 
 
 def step_costs(runs):
     """Seed means of a run's mean step time and the shares of it spent generating, making experience and training
-    (the rest: the weight broadcast)."""
-    totals = {key: [] for key in ("step", "generation", "experience", "training")}
+    (the rest: the weight broadcast); and two readings of the machine's speed: seconds of training per step
+    (``training_s``: equal work per step for arms that train the same schedule, as D3S and D3S + a generation
+    level) and seconds of generation per million generated tokens (``generation_s_per_mtoken``)."""
+    totals = {key: [] for key in ("step", "generation", "experience", "training", "training_s")}
+    totals["generation_s_per_mtoken"] = []
     for run in runs:
         steps = run["steps"]
         total = sum(steps["timing/step_total"])
         totals["step"].append(total / len(steps["timing/step_total"]))
+        totals["training_s"].append(sum(steps["timing/ppo_train"]) / len(steps["timing/ppo_train"]))
+        totals["generation_s_per_mtoken"].append(sum(steps["timing/generation"]) / steps["generated"][-1] * 1e6)
         for name, key in (
             ("generation", "timing/generation"),
             ("experience", "timing/make_experience"),
@@ -253,12 +274,35 @@ def arm_analysis(runs, levels, grpo_wall, warm_start, batch):
     )
 
 
+def _bases(arm, arms):
+    """The arms of ``arms`` that ``arm``'s times are divided by: the baselines, and for an arm of the generation
+    level the arm it adds its level to, and that arm's rerun."""
+    own = GENERATION_BASES.get(arm)
+    bases = BASELINES if own is None else (*BASELINES, own, own + RERUN)
+    return list(dict.fromkeys(base for base in bases if base in arms))
+
+
+def arm_runs(runs, arm, lr):
+    """The runs at rate ``lr`` that an arm of the analysis stands for: the arm's sweep and study runs, or for
+    ``arm + RERUN`` its reruns."""
+    rerun = arm.endswith(RERUN)
+    name = arm[: -len(RERUN)] if rerun else arm
+    return [
+        run
+        for run in runs
+        if run["arm"] == name and (run["phase"] == "rerun") == rerun and math.isclose(run["lr"], lr, rel_tol=1e-9)
+    ]
+
+
 def regime_analysis(document, task, regime):
     """The study of one task and regime: the sweep with its budget and choices, every collapsed run and every run
     stopped at bench_speed.py's cap (``stopped``: its last evaluation stands as its final one), each arm at
-    its chosen rate, and the ratios of its times to each baseline's (GRPO, GRPO + DF, each at its own chosen rate)
-    with their intervals and whether the seed-mean intervals overlap."""
-    own = [run for run in document["runs"] if _key(run) == (task, regime)]
+    its chosen rate, and the ratios of its times to each baseline's (GRPO, GRPO + DF, each at its own chosen rate;
+    for an arm of the generation level, also the arm it adds its level to and its rerun) with their intervals and
+    whether the seed-mean intervals overlap. An arm's reruns at its chosen rate (phase ``rerun``) are the arm
+    ``arm + RERUN``, apart from its sweep and study."""
+    every = [run for run in document["runs"] if run_key(run) == (task, regime)]
+    own = [run for run in every if run["phase"] != "rerun"]
     spec = document["tasks"][task]
     warm_start, levels = spec["warm_start"]["greedy"], spec["thresholds"]
     sweep_runs = [run for run in own if run["phase"] == "sweep"]
@@ -281,15 +325,16 @@ def regime_analysis(document, task, regime):
             for arm, rates in sweep.items()
             if not missing[arm]
         }
-    study = {arm: [run for run in own if run["arm"] == arm and run["lr"] == lr] for arm, lr in chosen.items()}
+    arm_lr = {**chosen, **{arm + RERUN: lr for arm, lr in chosen.items()}}
+    study = {arm: mine for arm, lr in arm_lr.items() if (mine := arm_runs(every, arm, lr))}
     grpo_wall = float(np.mean([run["curve"][-1]["wall"] for run in study["GRPO"]])) if "GRPO" in study else None
     batch = document["protocol"]["prompts_per_step"]
     arms = {arm: arm_analysis(runs, levels, grpo_wall, warm_start, batch) for arm, runs in study.items()}
     for arm, m in arms.items():
-        m["lr"] = chosen[arm]
-        m["at_sweep_edge"] = at_sweep_edge(chosen[arm], list(sweep[arm]))
+        m["lr"] = arm_lr[arm]
+        m["at_sweep_edge"] = arm in chosen and at_sweep_edge(chosen[arm], list(sweep[arm]))
         m["ratios"], m["overlap"] = {}, {}
-        for base in (b for b in BASELINES if b in arms):
+        for base in _bases(arm, arms):
             rng = np.random.default_rng(0)
             m["ratios"][base] = [
                 {clock: bootstrap_ratio(mine[clock], theirs[clock], rng) for clock in CLOCKS}
@@ -305,7 +350,7 @@ def regime_analysis(document, task, regime):
     for arm, m in arms.items():
         m["study_seeds"] = sorted(run["seed"] for run in fresh[arm])
         m["study_ratios"] = {}
-        for base in (b for b in BASELINES if b in arms and fresh[b] and fresh[arm]):
+        for base in (b for b in _bases(arm, arms) if fresh[b] and fresh[arm]):
             rng = np.random.default_rng(0)
             m["study_ratios"][base] = [
                 bootstrap_ratio(*([time_to(run["curve"], level, "wall") for run in fresh[a]] for a in (arm, base)), rng)
@@ -313,7 +358,7 @@ def regime_analysis(document, task, regime):
             ]
     collapses = [
         dict(arm=run["arm"], lr=run["lr"], seed=run["seed"], phase=run["phase"], final=run["curve"][-1]["greedy"])
-        for run in own
+        for run in every
         if collapsed(run["curve"], warm_start)
     ]
     stopped = [
@@ -324,7 +369,7 @@ def regime_analysis(document, task, regime):
             phase=run["phase"],
             steps=len(run["steps"]["timing/step_total"]),
         )
-        for run in own
+        for run in every
         if run.get("stopped")
     ]
     return dict(
@@ -346,5 +391,5 @@ def regime_analysis(document, task, regime):
 
 def speed_analysis(document):
     """:func:`regime_analysis` of every task and regime with runs, in the order they were first recorded."""
-    keys = list(dict.fromkeys(_key(run) for run in document["runs"]))
+    keys = list(dict.fromkeys(run_key(run) for run in document["runs"]))
     return [regime_analysis(document, task, regime) for task, regime in keys]

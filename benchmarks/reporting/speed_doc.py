@@ -1,7 +1,9 @@
 """The speed study in the documents (``speed_study.json``, benchmarks/bench_speed.py): per regime a plot of the study's
 seed-mean curves with their seed range and a plot of every run's curve; per task and regime the learning-rate sweep
 and its choice, the collapsed runs, each arm at its chosen rate, the times to the thresholds and their ratios to the
-baselines. It states what was measured: no verdicts."""
+baselines. Two parts of one file, each its own RESULTS.md section: the study of the sample and token levels
+(section 11) and the generation level's arms beside the arms they add it to (section 6, :func:`split`). It states
+what was measured: no verdicts."""
 
 from __future__ import annotations
 
@@ -10,7 +12,18 @@ from pathlib import Path
 
 import numpy as np
 
-from .speed import BASELINES, CLOCKS, COLLAPSE, REFERENCE_LR, speed_analysis, value_at
+from .speed import (
+    BASELINES,
+    CLOCKS,
+    COLLAPSE,
+    GENERATION_BASES,
+    REFERENCE_LR,
+    RERUN,
+    arm_runs,
+    run_key,
+    speed_analysis,
+    value_at,
+)
 from .stats import mean_std
 from .study_doc import STUDY_COLORS
 
@@ -36,6 +49,30 @@ ARM_TEXT = {  # bench_learning.PARTS["speed"], in words
         f"(`--d3s.pilot_history`, {_AUDIT})"
     ),
 }
+
+
+STUDY_COMMAND = "`.venv/bin/python benchmarks/bench_speed.py --out benchmarks/results`"
+GENERATION_COMMAND = (
+    "`.venv/bin/python benchmarks/bench_speed.py --out benchmarks/results --arms "
+    + " ".join(GENERATION_BASES)
+    + "` (`--regimes passes` for the last arm, which acts only when prompts recur), and in the same batch "
+    "`--arms D3S --phases rerun`"
+)
+
+
+def split(document):
+    """``speed_study.json`` as its two parts: the study without the generation level's arms, and, per task and
+    regime where such an arm ran, those arms beside GRPO and D3S (the arms they add their level to; GRPO's runs
+    also set the sweep's budget) and their reruns (bench_speed.py --phases rerun); None where no such arm ran."""
+    runs = document["runs"]
+    where = {run_key(run) for run in runs if run["arm"] in GENERATION_BASES}
+    beside = set(GENERATION_BASES) | set(GENERATION_BASES.values())
+    study = {
+        **document,
+        "runs": [run for run in runs if run["arm"] not in GENERATION_BASES and run["phase"] != "rerun"],
+    }
+    level = [run for run in runs if run_key(run) in where and run["arm"] in beside]
+    return study, ({**document, "runs": level} if level else None)
 
 
 def _task_name(task):
@@ -72,7 +109,7 @@ def plot_study(document, analyses, regime, path):
     for row, analysed in zip(axes, rows):
         runs = _runs(document, analysed["task"], regime)
         for arm, m in analysed["arms"].items():
-            mine = [run for run in runs if run["arm"] == arm and run["lr"] == m["lr"]]
+            mine = arm_runs(runs, arm, m["lr"])
             color = ARM_COLORS.get(arm)
             for axis, clock in zip(row, CLOCKS):
                 grid, mean, low, high = seed_band(mine, clock)
@@ -222,11 +259,13 @@ def _arm_lines(analysed):
     lines = [
         f"**At the chosen rates.** Accuracy at GRPO's seed-mean total wall time ({at}; an arm that ended sooner "
         "keeps its last accuracy), the area under the curve up to it, and the step costs (the seed-mean step time "
-        "and its shares: generation, experience making, training; the rest is the weight broadcast):",
+        "and its shares: generation, experience making, training; the rest is the weight broadcast; then the "
+        "machine's speed, which drifted between batches of runs: seconds of training per step, equal work for "
+        "arms that train the same schedule, and seconds of generation per million generated tokens):",
         "",
         "| arm | lr | seeds | final greedy | collapsed | greedy at GRPO's wall time | area to it | total wall s "
-        "| step s | generation | experience | training |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| step s | generation | experience | training | training s / step | generation s / M tokens |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for arm, m in analysed["arms"].items():
         costs = m["costs"]
@@ -235,7 +274,8 @@ def _arm_lines(analysed):
         lines.append(
             f"| {arm} | {m['lr']:g} | {', '.join(map(str, m['seeds']))} | {mean_std(m['final'])} | "
             f"{len(m['collapsed'])} | {at_wall} | {area} | {m['total_wall']:.0f} | {costs['step']:.2f} | "
-            f"{costs['generation']:.0%} | {costs['experience']:.0%} | {costs['training']:.0%} |"
+            f"{costs['generation']:.0%} | {costs['experience']:.0%} | {costs['training']:.0%} | "
+            f"{costs['training_s']:.2f} | {costs['generation_s_per_mtoken']:.0f} |"
         )
     return lines
 
@@ -314,7 +354,7 @@ def _ratio_lines(analysed, base):
     ]
     for i, level in enumerate(analysed["thresholds"]):
         for arm, m in analysed["arms"].items():
-            if arm == base:
+            if arm == base or base not in m["ratios"]:
                 continue
             cells = [f"{m['ratios'][base][i][c].text()} | {m['overlap'][base][i][c]}" for c in CLOCKS]
             lines.append(f"| {level:.3f} | {arm} | {' | '.join(cells)} |")
@@ -338,7 +378,8 @@ def _study_seed_lines(analysed, base):
     return lines
 
 
-def regime_lines(document, analysed, heading):
+def regime_lines(document, analysed, heading, bases=BASELINES):
+    """One task and regime's lines, with the ratio tables to each of ``bases`` that has a chosen rate."""
     task, regime = analysed["task"], analysed["regime"]
     title = REGIME_TITLES[regime].format(pool=document["protocol"]["pool"])
     spec = document["tasks"][task]
@@ -362,15 +403,17 @@ def regime_lines(document, analysed, heading):
     generation = _generation_lines(analysed)
     lines += ["", *generation] if generation else []
     lines += ["", *_time_lines(analysed)]
-    for base in (b for b in BASELINES if b in analysed["arms"]):
+    arms = analysed["arms"]
+    for base in (b for b in bases if any(b in m["ratios"] for arm, m in arms.items() if arm != b)):
         lines += ["", *_ratio_lines(analysed, base)]
         study_seeds = _study_seed_lines(analysed, base)
         lines += ["", *study_seeds] if study_seeds else []
     return lines
 
 
-def speed_body(document, analyses, plots, heading="###"):
-    """The study's lines; ``plots``: regime -> (the study's plot, every run's plot), as the document links them."""
+def speed_body(document, analyses, plots, heading="###", command=STUDY_COMMAND, bases=BASELINES):
+    """The study's lines; ``plots``: regime -> (the study's plot, every run's plot), as the document links them;
+    ``command``: the one that runs these arms; ``bases``: the arms of the ratio tables."""
     runs = document["runs"]
     protocol = document["protocol"]
     dates = sorted({run["date"] for run in runs} | {t["date"] for t in document["tasks"].values()})
@@ -382,7 +425,7 @@ def speed_body(document, analyses, plots, heading="###"):
     seeds = sorted({run["seed"] for run in runs})
     lrs = sorted({run["lr"] for run in runs})
     lines = [
-        "Command: `.venv/bin/python benchmarks/bench_speed.py --out benchmarks/results` (the sweep, then the study, "
+        f"Command: {command} (the sweep, then the study, "
         "each run appended as it ends; see its docstring), then `benchmarks/report.py`. "
         f"Machine: {'; '.join(machines)}. Dates: {dates[0]} to {dates[-1]}. Duration: {minutes:.0f} minutes of runs, "
         f"evaluations and warm starts ({len(runs)} runs). Seeds: {', '.join(map(str, seeds))}; rates: "
@@ -401,7 +444,7 @@ def speed_body(document, analyses, plots, heading="###"):
             lines += ["", f"![the study's curves, {regime}]({study_png})"]
         lines += ["", f"![every run, {regime}]({runs_png})"]
     for analysed in analyses:
-        lines += ["", *regime_lines(document, analysed, heading)]
+        lines += ["", *regime_lines(document, analysed, heading, bases)]
     if document["protocol"].get("quick"):
         lines += ["", "This is a smoke test (`--quick`): too few steps, prompts and seeds for any conclusion."]
     return lines
@@ -422,46 +465,89 @@ def write_plots(document, analyses, directory, prefix):
     return plots
 
 
+def _linked(plots):
+    return {regime: tuple(name and f"results/{name}" for name in names) for regime, names in plots.items()}
+
+
 def speed_section(path, number):
-    """The RESULTS.md section of ``speed_study.json`` (its plots written beside it, linked as ``results/...``) and
-    its lines in RESULTS.md's summary, from one analysis: ``(section, summary)``."""
-    document = json.loads(Path(path).read_text())
+    """The RESULTS.md section of ``speed_study.json``'s study without the generation level's arms (its plots
+    written beside it, linked as ``results/...``) and its lines in RESULTS.md's summary: ``(section, summary)``."""
+    document, _ = split(json.loads(Path(path).read_text()))
     analyses = speed_analysis(document)
     plots = write_plots(document, analyses, Path(path).parent, "speed_study")
-    linked = {regime: tuple(name and f"results/{name}" for name in names) for regime, names in plots.items()}
     title = f"## {number}. Speed to fixed accuracies, each arm at its tuned learning rate"
-    return [title, "", *speed_body(document, analyses, linked)], _summary_lines(document, analyses)
+    summary = _summary_lines(document, analyses, number, lambda arm: ("GRPO",))
+    return [title, "", *speed_body(document, analyses, _linked(plots))], summary
 
 
-def _summary_lines(document, analyses):
+def generation_level_section(path, number):
+    """The RESULTS.md section of ``speed_study.json``'s generation-level arms beside the arms they add their level
+    to, as :func:`speed_section`; None for the section where no such arm ran."""
+    _, document = split(json.loads(Path(path).read_text()))
+    if document is None:
+        return None, []
+    analyses = speed_analysis(document)
+    plots = write_plots(document, analyses, Path(path).parent, "generation_level")
+    title = f"## {number}. The generation level on the speed protocol: screening, the history prior, pilot history"
+    summary = _summary_lines(document, analyses, number, _level_bases)
+    return [title, "", *level_body(document, analyses, _linked(plots))], summary
+
+
+def level_body(document, analyses, plots, heading="###"):
+    """:func:`speed_body` for the generation level: its command, and ratios to D3S beside those to GRPO."""
+    lines = [
+        "Each arm of the generation level beside the arm it adds its level to (D3S, or GRPO for GRPO + screening), "
+        "on the protocol of section 11, its own learning rate swept. The machine's speed drifted 10-25% per "
+        "generated token between batches of runs, and these arms ran in later batches than D3S's study, so D3S was "
+        "timed again at its chosen rate in their batch (`D3S rerun`): the wall-time ratios to it are free of the "
+        "drift, those to D3S carry it (the columns of training seconds per step say by how much); the step and "
+        "token ratios carry none.",
+        "",
+    ]
+    bases = ("D3S" + RERUN, "D3S", "GRPO" + RERUN, "GRPO")
+    return lines + speed_body(document, analyses, plots, heading, GENERATION_COMMAND, bases)
+
+
+def _level_bases(arm):
+    """The arms an arm of the generation level is compared with, the one timed in its batch first."""
+    base = GENERATION_BASES.get(arm)
+    return () if base is None else (base + RERUN, base)
+
+
+def _summary_lines(document, analyses, number, bases_of):
     """Per task and regime with arms at their chosen rates, every arm's wall time to each threshold as a ratio to
-    GRPO's, with its interval."""
+    its base's (the first of ``bases_of(arm)`` with a ratio), with its interval."""
     lines = []
     for analysed in analyses:
         arms = analysed["arms"]
-        if "GRPO" not in arms or len(arms) < 2:
+        ratios = []
+        for arm, m in arms.items():
+            base = next((b for b in bases_of(arm) if b != arm and b in m["ratios"]), None)
+            if base is not None:
+                ratios.append(f"{arm} to {base} " + " / ".join(r["wall"].text() for r in m["ratios"][base]))
+        if not ratios:
             continue
         seeds = ", ".join(map(str, sorted({seed for m in arms.values() for seed in m["seeds"]})))
         title = REGIME_TITLES[analysed["regime"]].format(pool=document["protocol"]["pool"])
         levels = " / ".join(f"{level:.3f}" for level in analysed["thresholds"])
-        ratios = "; ".join(
-            f"{arm} " + " / ".join(r["wall"].text() for r in m["ratios"]["GRPO"])
-            for arm, m in arms.items()
-            if arm != "GRPO"
-        )
         lines.append(
-            f"- Speed (section 11), `{_task_name(analysed['task'])}`, {title}, each arm at its tuned rate, seeds "
-            f"{seeds}: wall time to {levels} held-out greedy as a ratio to GRPO's (95% intervals): {ratios}."
+            f"- Section {number}, `{_task_name(analysed['task'])}`, {title}, each arm at its tuned rate, seeds "
+            f"{seeds}: wall time to {levels} held-out greedy as a ratio (95% intervals): {'; '.join(ratios)}."
         )
     return lines
 
 
 def speed_main(path, output):
-    """The study alone, written to ``output`` with its plots beside it; returns ``output``."""
-    document = json.loads(Path(path).read_text())
-    analyses = speed_analysis(document)
-    plots = write_plots(document, analyses, Path(output).parent, Path(output).stem)
-    lines = ["# Speed to fixed accuracies", "", *speed_body(document, analyses, plots, "##")]
+    """The study alone, then its generation-level arms where they ran, written to ``output`` with the plots beside
+    it; returns ``output``."""
+    study, level = split(json.loads(Path(path).read_text()))
+    analyses = speed_analysis(study)
+    plots = write_plots(study, analyses, Path(output).parent, Path(output).stem)
+    lines = ["# Speed to fixed accuracies", "", *speed_body(study, analyses, plots, "##")]
+    if level is not None:
+        analyses = speed_analysis(level)
+        plots = write_plots(level, analyses, Path(output).parent, f"{Path(output).stem}_generation_level")
+        lines += ["", "# The generation level", "", *level_body(level, analyses, plots, "##")]
     Path(output).write_text("\n".join(lines) + "\n")
     print(f"wrote {output} and its plots")
     return output

@@ -402,7 +402,7 @@ def test_the_generation_study_section_and_its_reading(tmp_path):
     met = synthetic_generation_study([0.62, 0.66])  # GRPO's final reached at step 2: 0.8 s, 2 x 100 tokens
     path = tmp_path / "generation_study.json"
     path.write_text(json.dumps(met))
-    text = "\n".join(generation_study.generation_section(path, 6))
+    text = "\n".join(generation_study.generation_section(path, 12))
     assert (
         text.count("**Reading** (") == 2 and "Several passes over 16 prompts" in text and "One pass over fresh" in text
     )

@@ -142,8 +142,8 @@ ARM_SHAPES = {
 }
 
 
-def synthetic_run(arm, lr, seed, phase, steps=150, every=10):
-    step_s, shapes, _ = ARM_SHAPES[arm]
+def synthetic_run(arm, lr, seed, phase, steps=150, every=10, arms=ARM_SHAPES):
+    step_s, shapes, _ = arms[arm]
     reach, top = shapes[lr]
     reach += 2 * seed  # a spread over seeds
 
@@ -162,6 +162,7 @@ def synthetic_run(arm, lr, seed, phase, steps=150, every=10):
         "timing/make_experience": [step_s * 0.2] * steps,
         "timing/ppo_train": [step_s * 0.25] * steps,
         "timing/broadcast": [step_s * 0.05] * steps,
+        "generated": [100.0 * (s + 1) for s in range(steps)],  # cumulative
     }
     return dict(
         task="pkg.toy_task",
@@ -181,11 +182,15 @@ def synthetic_run(arm, lr, seed, phase, steps=150, every=10):
     )
 
 
-def synthetic_document():
-    runs = [
-        synthetic_run(arm, lr, seed, "sweep") for seed in (0, 1) for arm, shape in ARM_SHAPES.items() for lr in shape[1]
+def synthetic_runs(arms):
+    runs = [synthetic_run(arm, lr, seed, "sweep", arms=arms) for seed in (0, 1) for arm in arms for lr in arms[arm][1]]
+    return runs + [
+        synthetic_run(arm, shape[2], seed, "study", arms=arms) for seed in (2, 3) for arm, shape in arms.items()
     ]
-    runs += [synthetic_run(arm, shape[2], seed, "study") for seed in (2, 3) for arm, shape in ARM_SHAPES.items()]
+
+
+def synthetic_document():
+    runs = synthetic_runs(ARM_SHAPES)
     return {
         "protocol": dict(pool=200, steps=150, prompts_per_step=8, eval_every=10, fractions=[0.25, 0.5, 0.75]),
         "tasks": {
@@ -221,7 +226,16 @@ def test_the_analysis_of_a_synthetic_study():
     assert pods["overlap"]["GRPO"][2]["step"] == "no"  # already above GRPO's, and it can only move up
     # D3S ended (120 s) before GRPO's 150 s: it keeps its final accuracy
     assert d3s["at_grpo_wall"] == pytest.approx([0.95] * 4)
-    assert d3s["costs"] == pytest.approx({"step": 0.8, "generation": 0.5, "experience": 0.2, "training": 0.25})
+    assert d3s["costs"] == pytest.approx(
+        {
+            "step": 0.8,
+            "generation": 0.5,
+            "experience": 0.2,
+            "training": 0.25,
+            "training_s": 0.2,
+            "generation_s_per_mtoken": 0.4 / 100 * 1e6,
+        }
+    )
     assert set(grpo["ratios"]) == {"GRPO", "GRPO+DF"}
     # what limits the reading: D3S reaches 0.55 at its first evaluation on every seed (0.55-0.58 at step 10); the
     # rates chosen at 2e-4 are the sweep's highest
@@ -336,6 +350,56 @@ def test_the_speed_report_states_what_was_measured(tmp_path):
     assert "agrees" not in text and "verdict" not in text.lower()  # measurements only
 
 
+# the generation level's arms: D3S + history reaches D3S's plateau in 0.5x its steps at 0.7 s a step; GRPO +
+# screening GRPO's in the same steps at 1.1 s a step
+LEVEL_SHAPES = {
+    "D3S+history": (0.7, {lr: (reach // 2, top) for lr, (reach, top) in ARM_SHAPES["D3S"][1].items()}, 2e-4),
+    "GRPO+screen": (1.1, ARM_SHAPES["GRPO"][1], 1e-4),
+}
+
+
+def test_the_generation_levels_arms_are_reported_apart_beside_the_arms_they_add_it_to():
+    from reporting import speed_doc
+
+    document = synthetic_document()
+    study, level = speed_doc.split(document)
+    assert study == document and level is None  # no generation arm: one part
+    document["runs"] += synthetic_runs(LEVEL_SHAPES)
+    study, level = speed_doc.split(document)
+    assert {run["arm"] for run in study["runs"]} == set(ARM_SHAPES)
+    assert {run["arm"] for run in level["runs"]} == {"GRPO", "D3S", "D3S+history", "GRPO+screen"}
+    # D3S timed again in the generation arms' batch, where a step takes 1.0 s instead of 0.8
+    slower = {"D3S": (1.0, *ARM_SHAPES["D3S"][1:])}
+    document["runs"] += [synthetic_run("D3S", 2e-4, seed, "rerun", arms=slower) for seed in (0, 1, 2, 3)]
+    study, level = speed_doc.split(document)
+    assert all(run["phase"] != "rerun" for run in study["runs"])  # section 11 has the study's own runs
+    (analysed,) = speed.speed_analysis(level)
+    assert analysed["chosen"]["D3S"] == 2e-4 and "D3S rerun" not in analysed["chosen"]  # no part in the choice
+    assert analysed["arms"]["D3S"]["costs"]["step"] == pytest.approx(0.8)  # the study's runs, without the reruns
+    assert analysed["arms"]["D3S rerun"]["costs"]["step"] == pytest.approx(1.0)
+    history, screen = analysed["arms"]["D3S+history"], analysed["arms"]["GRPO+screen"]
+    assert set(history["ratios"]) == {"GRPO", "D3S", "D3S rerun"} and set(screen["ratios"]) == {"GRPO"}
+    assert set(analysed["arms"]["D3S"]["ratios"]) == {"GRPO"}  # D3S is a baseline of the level, not an arm of it
+    # to 0.55: D3S + history crosses at 0.15 / 0.55 of half D3S's reach (30 + 2 x seed steps; 15 + 2 x seed)
+    to_d3s = history["ratios"]["D3S"][0]
+    assert to_d3s["step"].point == pytest.approx(np.mean([15, 17, 19, 21]) / np.mean([30, 32, 34, 36]))
+    assert to_d3s["wall"].point == pytest.approx(to_d3s["step"].point * 0.7 / 0.8)
+    assert history["ratios"]["D3S rerun"][0]["wall"].point == pytest.approx(to_d3s["step"].point * 0.7 / 1.0)
+    assert history["costs"]["training_s"] == pytest.approx(0.7 * 0.25)
+    text = "\n".join(speed_doc.level_body(level, [analysed], {}))
+    assert "--arms GRPO+screen D3S+history D3S+screen4+history" in text
+    ratios_to_d3s = text.split("**Ratios to D3S**")[1].split("**")[0]
+    assert "| D3S+history |" in ratios_to_d3s and "GRPO+screen" not in ratios_to_d3s
+    assert "| D3S+history |" in text.split("**Ratios to D3S rerun**")[1].split("**")[0]
+    assert "| GRPO+screen |" in text.split("**Ratios to GRPO**")[1] and "GRPO+DF" not in text
+    # while the arm's sweep is incomplete, no table of ratios to D3S (it would have no rows)
+    document["runs"] = [run for run in document["runs"] if run["arm"] != "D3S+history" or run["seed"] == 0]
+    _, level = speed_doc.split(document)
+    (analysed,) = speed.speed_analysis(level)
+    text = "\n".join(speed_doc.level_body(level, [analysed], {}))
+    assert "Sweep not complete" in text and "**Ratios to D3S" not in text and "**Ratios to GRPO**" in text
+
+
 def test_results_md_has_the_speed_study_as_section_11_when_it_ran(tmp_path):
     import report
 
@@ -354,14 +418,35 @@ def test_results_md_has_the_speed_study_as_section_11_when_it_ran(tmp_path):
     assert "### `toy_task`, one pass over fresh prompts" in text
     # the head of RESULTS.md summarises it: every arm's wall-time ratios to GRPO at the thresholds
     head = text.split("## 1. ")[0]
-    speed_line = next(line for line in head.splitlines() if line.startswith("- Speed (section 11)"))
+    speed_line = next(line for line in head.splitlines() if line.startswith("- Section 11,"))
     assert "`toy_task`, one pass over fresh prompts, each arm at its tuned rate, seeds 0, 1, 2, 3" in speed_line
-    assert "wall time to 0.550 / 0.700 / 0.850 held-out greedy as a ratio to GRPO's" in speed_line
+    assert "wall time to 0.550 / 0.700 / 0.850 held-out greedy as a ratio (95% intervals)" in speed_line
     d3s = speed.speed_analysis(synthetic_document())[0]["arms"]["D3S"]["ratios"]["GRPO"]
-    assert "D3S " + " / ".join(level["wall"].text() for level in d3s) in speed_line
-    assert "GRPO+DF " in speed_line and "PODS " in speed_line and " / >=" in speed_line  # PODS censored at 0.850
+    assert "D3S to GRPO " + " / ".join(level["wall"].text() for level in d3s) in speed_line
+    assert "GRPO+DF to GRPO " in speed_line and "PODS to GRPO " in speed_line and " / >=" in speed_line  # PODS
+    assert "## 6. The generation level on the speed protocol" in text and "Not run yet" in text.split("## 6.")[1]
     report.main(["--speed", str(results / "speed_study.json"), "--output", str(tmp_path / "alone.md")])
     assert (tmp_path / "alone.md").read_text().startswith("# Speed to fixed accuracies")
+    # the generation level's arms: section 6, and out of section 11
+    document = synthetic_document()
+    document["runs"] += synthetic_runs(LEVEL_SHAPES)
+    (results / "speed_study.json").write_text(json.dumps(document))
+    report.main(["--results", str(results), "--output", str(tmp_path / "RESULTS.md")])
+    text = (tmp_path / "RESULTS.md").read_text()
+    section6 = text.split("## 6. The generation level on the speed protocol")[1].split("\n## ")[0]
+    assert "](results/generation_level_fresh.png)" in section6 and (results / "generation_level_fresh.png").exists()
+    assert "| D3S+history | 0.0002 |" in section6 and "D3S+history" not in text.split("## 11. ")[1]
+    level_line = next(line for line in text.split("## 1. ")[0].splitlines() if line.startswith("- Section 6,"))
+    assert "D3S+history to D3S " in level_line and "GRPO+screen to GRPO " in level_line
+    document["runs"] += [synthetic_run("D3S", 2e-4, seed, "rerun") for seed in (0, 1)]
+    (results / "speed_study.json").write_text(json.dumps(document))
+    report.main(["--results", str(results), "--output", str(tmp_path / "RESULTS.md")])
+    text = (tmp_path / "RESULTS.md").read_text()
+    level_line = next(line for line in text.split("## 1. ")[0].splitlines() if line.startswith("- Section 6,"))
+    assert "D3S+history to D3S rerun " in level_line  # the base timed in the same batch, where it ran
+    assert "D3S rerun" not in text.split("## 11. ")[1]
+    report.main(["--speed", str(results / "speed_study.json"), "--output", str(tmp_path / "alone.md")])
+    assert "\n# The generation level\n" in (tmp_path / "alone.md").read_text()
 
 
 # -- the runner: appending seed by seed, resuming, the study at the chosen rates -----------------------------------
@@ -503,6 +588,28 @@ def test_the_study_waits_for_a_complete_sweep(tmp_path, launcher):
     bench_speed.main(speed_argv(tmp_path, "--arms", "GRPO", "--phases", "sweep", "--sweep-seeds", "0", "--no-report"))
     with pytest.raises(SystemExit, match=r"needs its sweep first \(--phases sweep\); missing: D3S lr 5e-05 seed 0"):
         bench_speed.main(speed_argv(tmp_path, "--phases", "study", "--sweep-seeds", "0", "--no-report"))
+
+
+def test_a_rerun_times_an_arm_again_at_its_chosen_rate_and_is_kept_apart(tmp_path, launcher):
+    import bench_speed
+
+    bench_speed.main(speed_argv(tmp_path, "--no-report"))
+    launcher.calls.clear()
+    rerun = speed_argv(tmp_path, "--arms", "D3S", "--phases", "rerun", "--rerun-seeds", "0", "1", "--no-report")
+    bench_speed.main(rerun)
+    assert launcher.calls == [("fresh", "D3S", 2e-4, 0), ("fresh", "D3S", 2e-4, 1)]  # D3S's chosen rate, again
+    document = json.loads((tmp_path / "out" / "speed_study.json").read_text())
+    assert [(r["arm"], r["lr"], r["seed"]) for r in document["runs"] if r["phase"] == "rerun"] == [
+        ("D3S", 2e-4, 0),
+        ("D3S", 2e-4, 1),
+    ]
+    launcher.calls.clear()
+    bench_speed.main(rerun)  # recorded: nothing runs twice
+    assert launcher.calls == []
+    (analysed,) = speed.speed_analysis(document)
+    assert analysed["arms"]["D3S rerun"]["seeds"] == [0, 1] and analysed["arms"]["D3S"]["seeds"] == [0, 1, 2, 3]
+    with pytest.raises(SystemExit, match="needs its sweep first"):  # a rerun needs a chosen rate
+        bench_speed.main(speed_argv(tmp_path, "--phases", "rerun", "--lrs", "2.5e-5", "2e-4", "--no-report"))
 
 
 @pytest.mark.parametrize(
