@@ -41,9 +41,10 @@ The protocol (the analysis: ``benchmarks/reporting/speed.py``):
   seed-mean total wall time at 2e-4. The study: the ``--seeds`` (2, 3) at each arm's chosen rate; the sweep's seeds at
   that rate count too, so 4 seeds. ``--phases study`` refuses to start an arm whose sweep is incomplete.
 - ``--phases rerun`` times the ``--arms`` again at their chosen rates on ``--rerun-seeds``, recorded apart (phase
-  ``rerun``, logs under ``WORKDIR/<task>/rerun``) and reported as ``<arm> rerun``, which takes no part in the choice.
-  Arms added in a later batch (the generation level's) are compared with their base rerun in their batch: ``--arms
-  D3S --phases rerun --rerun-seeds 0 1`` before and ``2 3`` after them (2026-11-27).
+  ``rerun``, logs under ``WORKDIR/<task>/rerun``), once per arm and seed. The report shows the reruns of GRPO and D3S
+  beside the generation level's arms of the same task and regime (section 6, as ``D3S rerun``; no part in the
+  choice), which run in a later batch than the study: ``--arms D3S --phases rerun --rerun-seeds 0 1`` before them
+  and ``2 3`` after (``--arms GRPO D3S`` with GRPO + screening; 2026-11-27).
 
 Cost on 2 CPU cores (measured 2026-11-27): a run with its 16 evaluations takes 2.5 to 4 minutes (chainsum; 3.3 on
 average) and 3.5 to 3.7 (chainsum_tens), about 45 s of it starting Ray, the actors and vLLM; each task's SFT warm
@@ -153,8 +154,8 @@ def parse_options(argv=None):
         nargs="+",
         default=["sweep", "study"],
         choices=("sweep", "study", "rerun"),
-        help="rerun: the --arms again at their chosen rates on --rerun-seeds, kept apart (phase rerun), so that arms "
-        "run in a later batch are compared with their base timed in the same batch",
+        help="rerun: the --arms again at their chosen rates on --rerun-seeds, kept apart (phase rerun), so that the "
+        "generation level's arms, run in a later batch, are compared with GRPO and D3S timed in the same batch",
     )
     parser.add_argument("--rerun-seeds", type=int, nargs="+", default=[*SWEEP_SEEDS, *STUDY_SEEDS])
     parser.add_argument("--steps", type=int, default=SCREEN_STEPS, help="rollout steps per run")
@@ -177,7 +178,7 @@ def parse_options(argv=None):
     options = parser.parse_args(argv)
     if options.quick:
         options.steps, options.eval_every, options.heldout, options.pool = 4, 2, 16, 2 * options.prompts
-        options.lrs, options.sweep_seeds, options.seeds = [REFERENCE_LR], [0], []
+        options.lrs, options.sweep_seeds, options.seeds, options.rerun_seeds = [REFERENCE_LR], [0], [], [0]
     options.tasks = options.tasks or (["d3s_openrlhf.tasks.chainsum"] if options.quick else list(TASKS))
     options.arms = options.arms or list(QUICK_ARMS if options.quick else ARMS)
     if not any(math.isclose(lr, REFERENCE_LR) for lr in options.lrs):
@@ -348,12 +349,15 @@ def chosen_lr(options, document, task, regime, arm):
         for seed in options.sweep_seeds
         if not recorded(document, task, regime, a, lr, seed)
     ]
+    analysed = regime_analysis(document, task, regime)
+    # the report's rule: every (lr, seed) that any arm of this task and regime swept (an earlier --lrs included)
+    missing += [f"{arm} lr {lr:g} seed {seed}" for lr, seed in analysed["incomplete"].get(arm, ())]
     if missing:
         raise SystemExit(
             f"the study of {arm} ({task}, {regime}) needs its sweep first (--phases sweep); missing: "
             + ", ".join(dict.fromkeys(missing))
         )
-    return regime_analysis(document, task, regime)["chosen"][arm]
+    return analysed["chosen"][arm]
 
 
 def main(argv=None):

@@ -32,7 +32,15 @@ CLOCK_LABELS = {"step": "RL step", "wall": "wall time of the steps (s)", "genera
 CLOCK_COLUMNS = {"step": "steps", "wall": "wall s", "generated": "generated tokens"}
 LR_COLORS = ("tab:green", "tab:blue", "tab:red", "tab:purple", "tab:orange", "tab:brown")
 GRID = 60  # points of the seed-mean curves on the wall-time and token clocks
-ARM_COLORS = {**STUDY_COLORS, "GRPO+DF": "tab:red", "GRPO+screen": "tab:brown"}
+ARM_COLORS = {
+    **STUDY_COLORS,
+    "GRPO+DF": "tab:red",
+    "GRPO+screen": "tab:brown",
+    "D3S+history": "tab:cyan",
+    "D3S+screen4+history": "tab:purple",
+    "D3S+screen8+history": "tab:olive",
+    "D3S+screen4+pilot-history": "tab:pink",
+}
 _D3S = "N 4 -> 12, K 0.2 -> 0.5"
 _AUDIT = "2% of the screened-out prompts audited"
 ARM_TEXT = {  # bench_learning.PARTS["speed"], in words
@@ -55,8 +63,8 @@ STUDY_COMMAND = "`.venv/bin/python benchmarks/bench_speed.py --out benchmarks/re
 GENERATION_COMMAND = (
     "`.venv/bin/python benchmarks/bench_speed.py --out benchmarks/results --arms "
     + " ".join(GENERATION_BASES)
-    + "` (`--regimes passes` for the last arm, which acts only when prompts recur), and in the same batch "
-    "`--arms D3S --phases rerun`"
+    + "` (`--tasks d3s_openrlhf.tasks.chainsum`; `--regimes passes` for the last arm, which acts only when prompts "
+    "recur), and in the same batch `--arms D3S --phases rerun` (`--arms GRPO D3S` with GRPO + screening)"
 )
 
 
@@ -110,10 +118,12 @@ def plot_study(document, analyses, regime, path):
         runs = _runs(document, analysed["task"], regime)
         for arm, m in analysed["arms"].items():
             mine = arm_runs(runs, arm, m["lr"])
-            color = ARM_COLORS.get(arm)
+            color = ARM_COLORS.get(arm.removesuffix(RERUN))
+            style = "--" if arm.endswith(RERUN) else "-"  # a rerun: its arm's colour, dashed
             for axis, clock in zip(row, CLOCKS):
                 grid, mean, low, high = seed_band(mine, clock)
-                axis.plot(grid, mean, color=color, label=f"{arm} (lr {m['lr']:g}, {len(mine)} seeds)")
+                label = f"{arm} (lr {m['lr']:g}, {len(mine)} seeds)"
+                axis.plot(grid, mean, color=color, linestyle=style, label=label)
                 axis.fill_between(grid, low, high, color=color, alpha=0.12)
         for axis, clock in zip(row, CLOCKS):
             for level in analysed["thresholds"]:
@@ -146,6 +156,7 @@ def plot_runs(document, analyses, regime, path):
                     [p["greedy"] for p in run["curve"]],
                     color=LR_COLORS[lrs.index(run["lr"]) % len(LR_COLORS)],
                     linewidth=2.0 if chosen else 0.8,
+                    linestyle="--" if run["phase"] == "rerun" else "-",
                 )
             if analysed["budget"]:
                 axis.axvline(analysed["budget"], color="black", linestyle="--", linewidth=1)
@@ -158,7 +169,7 @@ def plot_runs(document, analyses, regime, path):
     figure.legend(handles=handles, loc="upper right", fontsize=8)
     figure.suptitle(
         f"Every run, {REGIME_TITLES[regime].format(pool=document['protocol']['pool'])}: held-out greedy accuracy "
-        "(thick: the chosen rate; dashed: the sweep's budget; dotted: the collapse line)",
+        "(thick: the chosen rate; dashed: reruns, and the vertical line the sweep's budget; dotted: the collapse line)",
         fontsize=10,
     )
     figure.tight_layout(rect=(0, 0, 1, 0.95))
@@ -379,7 +390,7 @@ def _study_seed_lines(analysed, base):
 
 
 def regime_lines(document, analysed, heading, bases=BASELINES):
-    """One task and regime's lines, with the ratio tables to each of ``bases`` that has a chosen rate."""
+    """One task and regime's lines, with a ratio table to each of ``bases`` that another arm has ratios to."""
     task, regime = analysed["task"], analysed["regime"]
     title = REGIME_TITLES[regime].format(pool=document["protocol"]["pool"])
     spec = document["tasks"][task]
@@ -494,14 +505,23 @@ def generation_level_section(path, number):
 
 
 def level_body(document, analyses, plots, heading="###"):
-    """:func:`speed_body` for the generation level: its command, and ratios to D3S beside those to GRPO."""
+    """:func:`speed_body` for the generation level: its command, and ratios to D3S (and its rerun) beside those to
+    GRPO."""
+    reruns = list(dict.fromkeys(arm for a in analyses for arm in a["arms"] if arm.endswith(RERUN)))
+    if reruns:
+        drift = (
+            f"so {' and '.join(f'`{arm}`' for arm in reruns)} timed the base again at its chosen rate in their batch: "
+            "the wall-time ratios to it are free of the drift; those to GRPO and D3S, and the accuracy at GRPO's "
+            "wall time, carry it"
+        )
+    else:
+        drift = "and no base was timed again in their batch yet (`--phases rerun`): every wall-time figure carries it"
     lines = [
         "Each arm of the generation level beside the arm it adds its level to (D3S, or GRPO for GRPO + screening), "
-        "on the protocol of section 11, its own learning rate swept. The machine's speed drifted 10-25% per "
-        "generated token between batches of runs, and these arms ran in later batches than D3S's study, so D3S was "
-        "timed again at its chosen rate in their batch (`D3S rerun`): the wall-time ratios to it are free of the "
-        "drift, those to D3S carry it (the columns of training seconds per step say by how much); the step and "
-        "token ratios carry none.",
+        "on the protocol of section 11, its own learning rate swept; GRPO's and D3S's runs are section 11's. The "
+        "machine's speed drifted 10-25% per generated token between batches of runs, and these arms ran in later "
+        f"batches than the study, {drift} (the columns of training seconds per step say by how much). The step "
+        "and token ratios carry none.",
         "",
     ]
     bases = ("D3S" + RERUN, "D3S", "GRPO" + RERUN, "GRPO")

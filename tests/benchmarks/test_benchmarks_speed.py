@@ -371,10 +371,13 @@ def test_the_generation_levels_arms_are_reported_apart_beside_the_arms_they_add_
     # D3S timed again in the generation arms' batch, where a step takes 1.0 s instead of 0.8
     slower = {"D3S": (1.0, *ARM_SHAPES["D3S"][1:])}
     document["runs"] += [synthetic_run("D3S", 2e-4, seed, "rerun", arms=slower) for seed in (0, 1, 2, 3)]
+    # and a rerun at a rate it did not choose, with the best curve of all: it must not move the choice
+    best = {"D3S": (0.8, {5e-5: (5, 0.99)}, 5e-5)}
+    document["runs"] += [synthetic_run("D3S", 5e-5, seed, "rerun", arms=best) for seed in (0, 1)]
     study, level = speed_doc.split(document)
     assert all(run["phase"] != "rerun" for run in study["runs"])  # section 11 has the study's own runs
     (analysed,) = speed.speed_analysis(level)
-    assert analysed["chosen"]["D3S"] == 2e-4 and "D3S rerun" not in analysed["chosen"]  # no part in the choice
+    assert analysed["chosen"]["D3S"] == 2e-4 and analysed["sweep"]["D3S"][5e-5]["seeds"] == [0, 1]
     assert analysed["arms"]["D3S"]["costs"]["step"] == pytest.approx(0.8)  # the study's runs, without the reruns
     assert analysed["arms"]["D3S rerun"]["costs"]["step"] == pytest.approx(1.0)
     history, screen = analysed["arms"]["D3S+history"], analysed["arms"]["GRPO+screen"]
@@ -424,7 +427,8 @@ def test_results_md_has_the_speed_study_as_section_11_when_it_ran(tmp_path):
     d3s = speed.speed_analysis(synthetic_document())[0]["arms"]["D3S"]["ratios"]["GRPO"]
     assert "D3S to GRPO " + " / ".join(level["wall"].text() for level in d3s) in speed_line
     assert "GRPO+DF to GRPO " in speed_line and "PODS to GRPO " in speed_line and " / >=" in speed_line  # PODS
-    assert "## 6. The generation level on the speed protocol" in text and "Not run yet" in text.split("## 6.")[1]
+    section6 = text.split("## 6. The generation level on the speed protocol")[1].split("\n## ")[0]
+    assert "Not run yet: `.venv/bin/python benchmarks/bench_speed.py" in section6
     report.main(["--speed", str(results / "speed_study.json"), "--output", str(tmp_path / "alone.md")])
     assert (tmp_path / "alone.md").read_text().startswith("# Speed to fixed accuracies")
     # the generation level's arms: section 6, and out of section 11
@@ -458,9 +462,11 @@ class FakeLauncher:
 
     def __init__(self, fail_at=None):
         self.calls, self.fail_at, self.warm_starts, self.stop_seed = [], fail_at, 0, None
+        self.workdirs = []
 
     def run(self, prepared, task, part, arm, seed, workdir, steps, eval_every, samples, prompts, fp32, **kw):
         self.calls.append((kw["regime"], arm, kw["lr"], seed))
+        self.workdirs.append(Path(workdir))
         assert part == "speed" and not kw["keep_models"] and samples == 0 and kw["cap"] > 0
         if len(self.calls) == self.fail_at:
             raise RuntimeError("run failed")
@@ -598,6 +604,7 @@ def test_a_rerun_times_an_arm_again_at_its_chosen_rate_and_is_kept_apart(tmp_pat
     rerun = speed_argv(tmp_path, "--arms", "D3S", "--phases", "rerun", "--rerun-seeds", "0", "1", "--no-report")
     bench_speed.main(rerun)
     assert launcher.calls == [("fresh", "D3S", 2e-4, 0), ("fresh", "D3S", 2e-4, 1)]  # D3S's chosen rate, again
+    assert [w.name for w in launcher.workdirs[-2:]] == ["rerun", "rerun"]  # the study's logs stay
     document = json.loads((tmp_path / "out" / "speed_study.json").read_text())
     assert [(r["arm"], r["lr"], r["seed"]) for r in document["runs"] if r["phase"] == "rerun"] == [
         ("D3S", 2e-4, 0),
@@ -610,6 +617,18 @@ def test_a_rerun_times_an_arm_again_at_its_chosen_rate_and_is_kept_apart(tmp_pat
     assert analysed["arms"]["D3S rerun"]["seeds"] == [0, 1] and analysed["arms"]["D3S"]["seeds"] == [0, 1, 2, 3]
     with pytest.raises(SystemExit, match="needs its sweep first"):  # a rerun needs a chosen rate
         bench_speed.main(speed_argv(tmp_path, "--phases", "rerun", "--lrs", "2.5e-5", "2e-4", "--no-report"))
+
+
+def test_an_arm_lacking_a_rate_another_arm_swept_waits_for_it(tmp_path, launcher):
+    import bench_speed
+
+    bench_speed.main(speed_argv(tmp_path, "--phases", "sweep", "--sweep-seeds", "0", "--no-report"))
+    bench_speed.main(
+        speed_argv(tmp_path, "--arms", "GRPO", "--lrs", "2.5e-5", "2e-4", "--sweep-seeds", "0", "--no-report")
+    )
+    # D3S has every rate of its own --lrs, but not GRPO's 2.5e-5: the report would choose no rate for it
+    with pytest.raises(SystemExit, match=r"needs its sweep first \(--phases sweep\); missing: D3S lr 2.5e-05 seed 0"):
+        bench_speed.main(speed_argv(tmp_path, "--arms", "D3S", "--phases", "study", "--sweep-seeds", "0"))
 
 
 @pytest.mark.parametrize(
