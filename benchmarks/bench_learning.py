@@ -166,6 +166,8 @@ KEYS = (
     "d3s/audited_prompts",
     "d3s/false_rejects",
     "d3s/screen_weight_mean",
+    "d3s/unpiloted_groups",
+    "d3s/unpiloted_flat",
     "d3s/passes",
     "d3s/generated_tokens",
     "dynamic_filtering_pass_rate",

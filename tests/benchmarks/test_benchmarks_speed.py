@@ -655,3 +655,12 @@ def test_each_task_runs_its_own_regimes():
     assert options.arms == ["GRPO", "GRPO+DF", "PODS", "D3S", "D3S-I"] and options.lrs == [2.5e-5, 5e-5, 1e-4, 2e-4]
     assert max(options.lrs) / min(options.lrs) >= 4 and options.heldout >= 256
     assert options.steps // options.eval_every == 15
+
+
+def test_every_generation_count_the_study_keeps_is_read_from_the_runs():
+    import bench_learning
+    import bench_speed
+
+    # a count missing from the keys read off a run's events would be absent from the JSON without a word
+    assert set(bench_speed.GENERATION_KEYS) <= set(bench_learning.KEYS)
+    assert set(bench_speed.STEP_KEYS) <= set(bench_learning.KEYS)
