@@ -115,8 +115,8 @@ def main(argv=None):
     plot_step_cost(cost["points"], results / "step_cost.png")
     study, parts, found = study_section(results)
     speed_path = results / "speed_study.json"
-    speed, speed_summary = speed_section(speed_path, 11) if speed_path.exists() else (None, [])
-    level, level_summary = generation_level_section(speed_path, 6) if speed_path.exists() else (None, [])
+    speed, speed_summary = speed_section(speed_path, 11)
+    level, level_summary = generation_level_section(speed_path, 6)
     document = [
         "# Benchmarks: what D3S costs and saves",
         "",
@@ -141,16 +141,7 @@ def main(argv=None):
         document += [*forward_section(json.loads((results / "forward.json").read_text())), ""]
         gpu = results / "forward_gpu.json"
         document += [*gpu_forward_section(json.loads(gpu.read_text()) if gpu.exists() else None), ""]
-    if level is not None:
-        document += [*level, ""]
-    else:
-        document += [
-            "## 6. The generation level on the speed protocol: screening, the history prior, pilot history",
-            "",
-            "Not run yet: `.venv/bin/python benchmarks/bench_speed.py --out benchmarks/results --arms "
-            "D3S+history ...` (section 11's protocol; bench_speed.py's docstring names the arms), then `report.py`.",
-            "",
-        ]
+    document += [*level, ""]
     if (results / "evaluate.json").exists():
         document += [*evaluate_section(json.loads((results / "evaluate.json").read_text()), 7), ""]
     if (results / "screening.json").exists():
@@ -161,16 +152,7 @@ def main(argv=None):
     cuda_tests = results / "cuda_tests.json"
     cuda_tests = json.loads(cuda_tests.read_text()) if cuda_tests.exists() else None
     document += [*gpu_actor_section(gpu_actor_documents(results), 10, cuda_tests), ""]
-    if speed is not None:
-        document += [*speed, ""]
-    else:
-        document += [
-            "## 11. Speed to fixed accuracies, each arm at its tuned learning rate",
-            "",
-            "Not run yet: `.venv/bin/python benchmarks/bench_speed.py --out benchmarks/results` (about 6 hours on "
-            "2 CPU cores; it appends run by run and resumes), then `report.py`.",
-            "",
-        ]
+    document += [*speed, ""]
     if (results / "generation_study.json").exists():
         document += [*generation_section(results / "generation_study.json", 12), ""]
     Path(options.output).write_text("\n".join(document))

@@ -480,26 +480,33 @@ def _linked(plots):
     return {regime: tuple(name and f"results/{name}" for name in names) for regime, names in plots.items()}
 
 
+def _not_run(title, command):
+    return [title, "", f"Not run yet: {command}, then `report.py`."], []
+
+
 def speed_section(path, number):
     """The RESULTS.md section of ``speed_study.json``'s study without the generation level's arms (its plots
-    written beside it, linked as ``results/...``) and its lines in RESULTS.md's summary: ``(section, summary)``."""
+    written beside it, linked as ``results/...``) and its lines in RESULTS.md's summary: ``(section, summary)``;
+    the command to run where the file is missing."""
+    title = f"## {number}. Speed to fixed accuracies, each arm at its tuned learning rate"
+    if not Path(path).exists():
+        return _not_run(title, f"{STUDY_COMMAND} (about 9 hours on 2 CPU cores; it appends run by run and resumes)")
     document, _ = split(json.loads(Path(path).read_text()))
     analyses = speed_analysis(document)
     plots = write_plots(document, analyses, Path(path).parent, "speed_study")
-    title = f"## {number}. Speed to fixed accuracies, each arm at its tuned learning rate"
     summary = _summary_lines(document, analyses, number, lambda arm: ("GRPO",))
     return [title, "", *speed_body(document, analyses, _linked(plots))], summary
 
 
 def generation_level_section(path, number):
     """The RESULTS.md section of ``speed_study.json``'s generation-level arms beside the arms they add their level
-    to, as :func:`speed_section`; None for the section where no such arm ran."""
-    _, document = split(json.loads(Path(path).read_text()))
+    to, as :func:`speed_section`; the command to run where none of them ran."""
+    title = f"## {number}. The generation level on the speed protocol: screening, the history prior, pilot history"
+    document = split(json.loads(Path(path).read_text()))[1] if Path(path).exists() else None
     if document is None:
-        return None, []
+        return _not_run(title, GENERATION_COMMAND)
     analyses = speed_analysis(document)
     plots = write_plots(document, analyses, Path(path).parent, "generation_level")
-    title = f"## {number}. The generation level on the speed protocol: screening, the history prior, pilot history"
     summary = _summary_lines(document, analyses, number, _level_bases)
     return [title, "", *level_body(document, analyses, _linked(plots))], summary
 
