@@ -573,7 +573,7 @@ def speed_main(path, output):
     lines = ["# Speed to fixed accuracies", "", *speed_body(study, analyses, plots, "##")]
     if level is not None:
         analyses = speed_analysis(level)
-        plots = write_plots(level, analyses, Path(output).parent, f"{Path(output).stem}_generation_level")
+        plots = write_plots(level, analyses, Path(output).parent, "generation_level")  # the plots section 6 links
         lines += ["", "# The generation level", "", *level_body(level, analyses, plots, "##")]
     Path(output).write_text("\n".join(lines) + "\n")
     print(f"wrote {output} and its plots")
