@@ -18,7 +18,8 @@ The protocol (the analysis: ``benchmarks/reporting/speed.py``):
   max-variance), D3S and D3S-I, all at G = 16 rollouts per prompt, 8 prompts a step. The generation level's arms
   (``GRPO+screen``, ``D3S+history``, ``D3S+screen4+history``, ``D3S+screen8+history``: pilots of 4 or 8, 2% of
   the screened-out prompts audited, a cost the clock counts; ``D3S+screen4+pilot-history``: prompts known mixed
-  without a pilot, which acts only when prompts recur, so in ``passes`` alone) are named with ``--arms``; their
+  without a pilot; history and pilot history act only when prompts recur, so ``D3S+history`` and the last run in
+  ``passes`` alone: in ``fresh`` they are D3S and ``D3S+screen4+history``) are named with ``--arms``; their
   pilot, audit, skip and weight counts are kept per step. With ``--d3s.pilot_history`` the audited share covers the
   prompts that were piloted only. The report puts them in RESULTS.md section 6, beside GRPO and D3S, and the rest
   in section 11.

@@ -63,8 +63,9 @@ STUDY_COMMAND = "`.venv/bin/python benchmarks/bench_speed.py --out benchmarks/re
 GENERATION_COMMAND = (
     "`.venv/bin/python benchmarks/bench_speed.py --out benchmarks/results --arms "
     + " ".join(GENERATION_BASES)
-    + "` (`--tasks d3s_openrlhf.tasks.chainsum`; `--regimes passes` for the last arm, which acts only when prompts "
-    "recur), and in the same batch `--arms D3S --phases rerun` (`--arms GRPO D3S` with GRPO + screening)"
+    + "` (`--tasks d3s_openrlhf.tasks.chainsum`; `--regimes passes` for D3S + history and pilot history, which act "
+    "only when prompts recur), and in the same batch `--arms D3S --phases rerun` (`--arms GRPO D3S` with GRPO + "
+    "screening)"
 )
 
 
