@@ -275,10 +275,13 @@ def arm_analysis(runs, levels, grpo_wall, warm_start, batch):
 
 
 def _bases(arm, arms):
-    """The arms of ``arms`` that ``arm``'s times are divided by: the baselines, and for an arm of the generation
-    level the arm it adds its level to, and that arm's rerun."""
+    """The arms of ``arms`` that ``arm``'s times are divided by: the baselines; for an arm of the generation level
+    the arm it adds its level to, and that arm's rerun; for a rerun the arm it times again."""
     own = GENERATION_BASES.get(arm)
-    bases = BASELINES if own is None else (*BASELINES, own, own + RERUN)
+    if arm.endswith(RERUN):
+        bases = (*BASELINES, arm.removesuffix(RERUN))
+    else:
+        bases = BASELINES if own is None else (*BASELINES, own, own + RERUN)
     return list(dict.fromkeys(base for base in bases if base in arms))
 
 

@@ -373,6 +373,25 @@ def _ratio_lines(analysed, base):
     return lines
 
 
+def _replay_lines(analysed):
+    """Each rerun's times over its arm's: the same arm, rate and seeds timed twice, so the size of difference two
+    arms' ratios must exceed before they say anything (runs do not replay bit for bit)."""
+    arms = analysed["arms"]
+    replays = []
+    for arm, m in arms.items():
+        base = arm.removesuffix(RERUN)
+        if arm != base and base in m["ratios"]:
+            ratios = m["ratios"][base]
+            wall, steps = (" / ".join(r[clock].text() for r in ratios) for clock in ("wall", "step"))
+            replays.append(f"`{arm}` took {wall} of {base}'s wall time ({steps} of its steps)")
+    if not replays:
+        return []
+    return [
+        f"**Replays** (the same arm, rate and seeds run twice; runs do not replay bit for bit): {'; '.join(replays)}, "
+        "to the thresholds in turn. A ratio between two arms within that spread is no more than one arm timed twice."
+    ]
+
+
 def _study_seed_lines(analysed, base):
     arms = {arm: m for arm, m in analysed["arms"].items() if arm != base and base in m["study_ratios"]}
     if not arms:
@@ -420,7 +439,8 @@ def regime_lines(document, analysed, heading, bases=BASELINES):
         lines += ["", *_ratio_lines(analysed, base)]
         study_seeds = _study_seed_lines(analysed, base)
         lines += ["", *study_seeds] if study_seeds else []
-    return lines
+    replays = _replay_lines(analysed)
+    return lines + (["", *replays] if replays else [])
 
 
 def speed_body(document, analyses, plots, heading="###", command=STUDY_COMMAND, bases=BASELINES):

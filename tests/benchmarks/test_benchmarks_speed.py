@@ -395,12 +395,16 @@ def test_the_generation_levels_arms_are_reported_apart_beside_the_arms_they_add_
     assert "| D3S+history |" in ratios_to_d3s and "GRPO+screen" not in ratios_to_d3s
     assert "| D3S+history |" in text.split("**Ratios to D3S rerun**")[1].split("**")[0]
     assert "| GRPO+screen |" in text.split("**Ratios to GRPO**")[1] and "GRPO+DF" not in text
-    # while the arm's sweep is incomplete, no table of ratios to D3S (it would have no rows)
+    # a rerun is divided by the arm it times again: the replay line reads the noise of timing one arm twice
+    assert set(analysed["arms"]["D3S rerun"]["ratios"]) == {"GRPO", "D3S"}
+    assert "| D3S rerun |" in ratios_to_d3s and "**Replays**" in text and "`D3S rerun` took " in text
+    # while the arm's sweep is incomplete, no table of ratios to D3S rerun (it would have no rows)
     document["runs"] = [run for run in document["runs"] if run["arm"] != "D3S+history" or run["seed"] == 0]
     _, level = speed_doc.split(document)
     (analysed,) = speed.speed_analysis(level)
     text = "\n".join(speed_doc.level_body(level, [analysed], {}))
-    assert "Sweep not complete" in text and "**Ratios to D3S" not in text and "**Ratios to GRPO**" in text
+    assert "Sweep not complete" in text and "**Ratios to D3S rerun" not in text and "**Ratios to GRPO**" in text
+    assert "| D3S+history |" not in text.split("**Ratios to D3S**")[1].split("**")[0]
 
 
 def test_results_md_has_the_speed_study_as_section_11_when_it_ran(tmp_path):
