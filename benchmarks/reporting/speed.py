@@ -289,7 +289,7 @@ def arm_runs(runs, arm, lr):
     """The runs at rate ``lr`` that an arm of the analysis stands for: the arm's sweep and study runs, or for
     ``arm + RERUN`` its reruns."""
     rerun = arm.endswith(RERUN)
-    name = arm[: -len(RERUN)] if rerun else arm
+    name = arm.removesuffix(RERUN)
     return [
         run
         for run in runs
