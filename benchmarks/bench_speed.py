@@ -74,6 +74,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -220,39 +221,62 @@ def save(document, path):
     Path(path).write_text(json.dumps(document, indent=1))
 
 
+def weights_digest(model_dir):
+    """sha256 of a model's safetensors files: the warm start's identity, whichever machine or workdir made it."""
+    digest = hashlib.sha256()
+    for file in sorted(Path(model_dir).glob("*.safetensors")):
+        digest.update(file.read_bytes())
+    return digest.hexdigest()
+
+
 def prepare(options, task, document, workdir, path):
     """The task's warm start (its SFT, made once per task config in ``workdir``) and, before the task's first run,
-    its held-out greedy accuracy and thresholds in ``document``."""
+    its held-out greedy accuracy and thresholds in ``document``. A warm start made anew for a task with recorded
+    runs (a fresh machine, another workdir) is taken only if it reproduces theirs: the same weights, or, for a
+    study recorded before their digest was kept, the same held-out greedy accuracy (the digest is then kept)."""
     config = pipeline.task_config(task, **task_overrides(options))
     if options.steps * options.prompts > config.n_prompts:  # the fresh regime's one pass
         raise SystemExit(f"--steps {options.steps} x --prompts {options.prompts} exceed {config.n_prompts} RL prompts")
     split = f"-sft{config.n_sft}x{config.sft_epochs}-prompts{config.n_prompts}-heldout{config.n_heldout}"
     recorded = any(run["task"] == task for run in document["runs"])
     prepared, sft_seconds = bench_learning.prepare_task(task, options.precision, config, workdir, split)
-    if sft_seconds is not None and recorded:
-        raise SystemExit(
-            f"{path} holds runs of {task} from a warm start that is no longer in {workdir} (a new one was just made "
-            "there): give the --workdir of those runs, or another --out"
-        )
-    if task not in document["tasks"] or sft_seconds is not None:
-        warm_start = evaluate.heldout_accuracy(
-            prepared.sft_model,
-            prepared.task.heldout,
-            seed=0,
-            task=task,
-            max_new_tokens=prepared.max_new_tokens,
-            samples=options.eval_samples,
-        )
-        document["tasks"][task] = dict(
+    digest = weights_digest(prepared.sft_model)
+    entry = document["tasks"].get(task)
+    if entry is None or (sft_seconds is not None and not recorded):
+        entry = document["tasks"][task] = dict(
             task_config=dataclasses.asdict(config),
-            warm_start=warm_start,
-            thresholds=thresholds(warm_start["greedy"], options.fractions),
+            warm_start=warm_start_accuracy(options, task, prepared),
+            sft_digest=digest,
             sft_seconds=sft_seconds,
             date=time.strftime("%Y-%m-%d"),
         )
-        save(document, path)
-        print(f"{task}: warm start held-out greedy {warm_start['greedy']:.3f}", flush=True)
+        entry["thresholds"] = thresholds(entry["warm_start"]["greedy"], options.fractions)
+        print(f"{task}: warm start held-out greedy {entry['warm_start']['greedy']:.3f}", flush=True)
+    else:
+        reproduced = (
+            entry["sft_digest"] == digest
+            if "sft_digest" in entry
+            else sft_seconds is None or warm_start_accuracy(options, task, prepared) == entry["warm_start"]
+        )
+        if not reproduced:
+            raise SystemExit(
+                f"{path} holds runs of {task} from another warm start than the one in {workdir} (made there anew, "
+                "it does not reproduce theirs): give the --workdir of those runs, or another --out"
+            )
+    entry["sft_digest"] = digest
+    save(document, path)
     return prepared
+
+
+def warm_start_accuracy(options, task, prepared):
+    return evaluate.heldout_accuracy(
+        prepared.sft_model,
+        prepared.task.heldout,
+        seed=0,
+        task=task,
+        max_new_tokens=prepared.max_new_tokens,
+        samples=options.eval_samples,
+    )
 
 
 def recorded(document, task, regime, arm, lr, seed, rerun=False):

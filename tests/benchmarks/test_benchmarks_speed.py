@@ -2,6 +2,7 @@
 interpolated times to a threshold, censoring, areas up to a budget, collapses, the choice of learning rate, the
 bootstrap ratios and their bounds, the report; and the runner's appending and resuming with a stand-in launcher."""
 
+import hashlib
 import json
 import math
 import sys
@@ -467,6 +468,7 @@ class FakeLauncher:
     def __init__(self, fail_at=None):
         self.calls, self.fail_at, self.warm_starts, self.stop_seed = [], fail_at, 0, None
         self.workdirs = []
+        self.weights, self.greedy = b"sft weights", 0.1  # what a warm start made now holds, and scores
 
     def run(self, prepared, task, part, arm, seed, workdir, steps, eval_every, samples, prompts, fp32, **kw):
         self.calls.append((kw["regime"], arm, kw["lr"], seed))
@@ -508,12 +510,14 @@ class FakeLauncher:
         files = pipeline.TaskFiles(sft="sft.jsonl", prompts="prompts.jsonl", heldout="heldout.jsonl")
         made = Path(workdir, f"task{split}")
         seconds = None if made.exists() else 1.0
-        made.mkdir(parents=True, exist_ok=True)
-        return pipeline.Prepared(base_model="base", sft_model="sft", task=files), seconds
+        (made / "sft").mkdir(parents=True, exist_ok=True)
+        if seconds is not None:
+            (made / "sft" / "model.safetensors").write_bytes(self.weights)
+        return pipeline.Prepared(base_model="base", sft_model=str(made / "sft"), task=files), seconds
 
     def heldout_accuracy(self, *args, **kwargs):
         self.warm_starts += 1
-        return {"greedy": 0.1}
+        return {"greedy": self.greedy}
 
 
 @pytest.fixture
@@ -573,9 +577,36 @@ def test_the_runner_appends_each_run_and_resumes_where_it_stopped(tmp_path, laun
     assert launcher.calls == []
     with pytest.raises(SystemExit, match="holds a study with steps 4; give another --out"):
         bench_speed.main(speed_argv(tmp_path, "--steps", "6"))
-    # the runs' warm start is gone (another --workdir): a new one would not be the warm start of the recorded runs
-    with pytest.raises(SystemExit, match="from a warm start that is no longer in .*elsewhere"):
-        bench_speed.main([*speed_argv(tmp_path), "--workdir", str(tmp_path / "elsewhere")])
+
+
+def test_a_warm_start_made_anew_is_taken_only_if_it_reproduces_the_runs(tmp_path, launcher):
+    """A fresh machine or another --workdir makes the SFT again: its runs go on where its weights are those of the
+    recorded runs (or, in a study recorded before the digest was kept, its held-out accuracy theirs)."""
+    import bench_speed
+
+    argv = speed_argv(tmp_path, "--arms", "GRPO", "--sweep-seeds", "0", "--seeds", "--no-report")
+    bench_speed.main(argv)
+    path = tmp_path / "out" / "speed_study.json"
+    task = "d3s_openrlhf.tasks.chainsum"
+    assert json.loads(path.read_text())["tasks"][task]["sft_digest"] == hashlib.sha256(b"sft weights").hexdigest()
+    bench_speed.main([*argv, "--workdir", str(tmp_path / "again"), "--lrs", "2.5e-5", "2e-4"])  # the same weights
+    assert launcher.warm_starts == 1 and len(json.loads(path.read_text())["runs"]) == 4
+    launcher.weights = b"other weights"
+    with pytest.raises(SystemExit, match="from another warm start than the one in .*elsewhere.*does not reproduce"):
+        bench_speed.main([*argv, "--workdir", str(tmp_path / "elsewhere")])
+
+    document = json.loads(path.read_text())
+    del document["tasks"][task]["sft_digest"]  # a study recorded before the digest: the accuracy decides
+    path.write_text(json.dumps(document))
+    launcher.greedy = 0.2
+    with pytest.raises(SystemExit, match="does not reproduce"):
+        bench_speed.main([*argv, "--workdir", str(tmp_path / "third")])
+    launcher.greedy = 0.1
+    bench_speed.main([*argv, "--workdir", str(tmp_path / "fourth")])
+    entry = json.loads(path.read_text())["tasks"][task]
+    assert entry["sft_digest"] == hashlib.sha256(b"other weights").hexdigest() and entry["warm_start"] == {
+        "greedy": 0.1
+    }
 
 
 def test_a_run_stopped_at_the_cap_is_kept_and_reported(tmp_path, launcher):
