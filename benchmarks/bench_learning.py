@@ -121,10 +121,8 @@ PARTS["screen"] = {
 }
 # the speed study's arms (benchmarks/bench_speed.py, run there alone): the papers' arms at G = 16, each at its tuned
 # rate, at the screen part's fixed steps; PODS trains m = 4 of its n = 16. Then the generation level's arms: GRPO +
-# screening, D3S + history, D3S + screening at k = 4 and 8, each with history, and D3S + screening at k = 4 with
-# history whose prompts known mixed skip their pilot (--d3s.pilot_history: issue 39's budget per prompt). Their
-# audits cost generation that the clock counts, so they complete 2% of the screened-out prompts, not the screen
-# part's 10%.
+# screening, D3S + history, D3S + screening at k = 4 and 8, each with history. Their audits cost generation that the
+# clock counts, so they complete 2% of the screened-out prompts, not the screen part's 10%.
 SPEED_AUDIT = 0.02
 
 
@@ -142,7 +140,6 @@ PARTS["speed"] = {
     "D3S+history": (G, PARTS["d3s"]["D3S"][1] + HISTORY),
     "D3S+screen4+history": (G, PARTS["d3s"]["D3S"][1] + _screen(4) + HISTORY),
     "D3S+screen8+history": (G, PARTS["d3s"]["D3S"][1] + _screen(8) + HISTORY),
-    "D3S+screen4+pilot-history": (G, PARTS["d3s"]["D3S"][1] + _screen(4) + HISTORY + ["--d3s.pilot_history"]),
 }
 FIXED_STEP_PARTS = ("screen", "speed")  # every arm trains the same --steps, in the regimes passes and fresh
 RESULTS_FILES = {"pods": "learning_study.json", "d3s": "learning_study.json", "screen": "generation_study.json"}
@@ -166,8 +163,6 @@ KEYS = (
     "d3s/audited_prompts",
     "d3s/false_rejects",
     "d3s/screen_weight_mean",
-    "d3s/unpiloted_groups",
-    "d3s/unpiloted_flat",
     "d3s/passes",
     "d3s/generated_tokens",
     "dynamic_filtering_pass_rate",

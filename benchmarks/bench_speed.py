@@ -17,12 +17,11 @@ The protocol (the analysis: ``benchmarks/reporting/speed.py``):
 - Arms (``bench_learning.PARTS["speed"]``): GRPO, GRPO + upstream's dynamic filtering, PODS (n = 16, m = 4,
   max-variance), D3S and D3S-I, all at G = 16 rollouts per prompt, 8 prompts a step. The generation level's arms
   (``GRPO+screen``, ``D3S+history``, ``D3S+screen4+history``, ``D3S+screen8+history``: pilots of 4 or 8, 2% of
-  the screened-out prompts audited, a cost the clock counts; ``D3S+screen4+pilot-history``: prompts known mixed
-  without a pilot; history and pilot history act only when prompts recur, so ``D3S+history`` and the last run in
-  ``passes`` alone: in ``fresh`` they are D3S and ``D3S+screen4+history``) are named with ``--arms``; their
-  pilot, audit, skip and weight counts are kept per step. With ``--d3s.pilot_history`` the audited share covers the
-  prompts that were piloted only. The report puts them in RESULTS.md section 6, beside GRPO and D3S, and the rest
-  in section 11.
+  the screened-out prompts audited, a cost the clock counts; history acts only when prompts recur, so
+  ``D3S+history`` runs in ``passes`` alone: in ``fresh`` it is D3S) are named with ``--arms``; their pilot, audit,
+  skip and weight counts are kept per step. The report puts them in RESULTS.md section 6, beside GRPO and D3S (with
+  the recorded runs of ``D3S+screen4+pilot-history``, whose flag ``--d3s.pilot_history`` was removed after the
+  study), and the rest in section 11.
 - Every run trains ``--steps`` (150) rollout steps with ``--d3s.schedule_steps`` (``bench_learning.rl_config``, as in
   the screen part), in the regimes ``passes`` (the first ``--pool`` 200 RL prompts, cycled: 6 passes) and ``fresh``
   (one pass over a 4000-prompt split). Per task, its regimes among ``--regimes`` are those of ``TASKS``: chainsum
@@ -117,8 +116,6 @@ GENERATION_KEYS = (
     "d3s/skipped_prompts",
     "d3s/skip_candidates",
     "d3s/screen_weight_mean",
-    "d3s/unpiloted_groups",
-    "d3s/unpiloted_flat",
     "dynamic_filtering_pass_rate",
 )
 RUN_CAP = 900.0  # seconds; a run takes 2.5 to 4 minutes (2026-11-27)

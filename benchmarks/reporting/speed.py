@@ -39,8 +39,9 @@ COLLAPSE = 0.1  # a run whose final greedy accuracy ends more than this below th
 REFERENCE_LR = 2e-4  # today's rate: GRPO's total wall time at it is the sweep's budget
 CLOCKS = ("step", "wall", "generated")
 BASELINES = ("GRPO", "GRPO+DF")
-# the generation level's arms (bench_learning.PARTS["speed"]) -> the arm each adds its level to: its ratios are
-# taken to that arm too, and the documents report them apart (RESULTS.md section 6)
+# the generation level's arms (bench_learning.PARTS["speed"], and D3S+screen4+pilot-history, recorded before its flag
+# --d3s.pilot_history was removed) -> the arm each adds its level to: its ratios are taken to that arm too, and the
+# documents report them apart (RESULTS.md section 6)
 GENERATION_BASES = {
     "GRPO+screen": "GRPO",
     "D3S+history": "D3S",
@@ -217,9 +218,9 @@ def _total(runs, key):
 def generation_level(runs, batch):
     """What an arm's generation level did over its runs (None for an arm without one): pilots per step and the
     share that passed, the audited false rejects (screened-out prompts whose full group had variance), prompts
-    skipped per step, the shares of the trained groups generated whole (``--d3s.pilot_history``) and made of pilots
-    carried from the batch before (one policy update old), and the mean screening weight. Per-step counts as
-    bench_speed.py keeps them; ``batch``: the prompts of a step."""
+    skipped per step, the shares of the trained groups generated whole (``--d3s.pilot_history``: runs recorded
+    before that flag was removed) and made of pilots carried from the batch before (one policy update old), and the
+    mean screening weight. Per-step counts as bench_speed.py keeps them; ``batch``: the prompts of a step."""
     keys = {key for run in runs for key in run["steps"]}
     if not keys & {"d3s/pilots", "d3s/skipped_prompts"}:
         return None

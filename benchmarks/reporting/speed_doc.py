@@ -43,7 +43,7 @@ ARM_COLORS = {
 }
 _D3S = "N 4 -> 12, K 0.2 -> 0.5"
 _AUDIT = "2% of the screened-out prompts audited"
-ARM_TEXT = {  # bench_learning.PARTS["speed"], in words
+ARM_TEXT = {  # the arms of speed_study.json, in words
     "GRPO+DF": "GRPO + DF (upstream's `--algo.dynamic_filtering_enable`)",
     "PODS": "PODS (n = 16, m = 4, max-variance)",
     "D3S": f"D3S ({_D3S})",
@@ -53,8 +53,8 @@ ARM_TEXT = {  # bench_learning.PARTS["speed"], in words
     "D3S+screen4+history": f"D3S + screening with pilots of 4 + the history prior ({_AUDIT})",
     "D3S+screen8+history": f"D3S + screening with pilots of 8 + the history prior ({_AUDIT})",
     "D3S+screen4+pilot-history": (
-        f"D3S + screening with pilots of 4 + the history prior, prompts known mixed without a pilot "
-        f"(`--d3s.pilot_history`, {_AUDIT})"
+        "D3S + screening with pilots of 4 + the history prior, prompts known mixed without a pilot "
+        f"(`--d3s.pilot_history`, removed after this study: it did not win; {_AUDIT})"
     ),
 }
 
@@ -64,8 +64,8 @@ GENERATION_COMMAND = (
     "`.venv/bin/python benchmarks/bench_speed.py --out benchmarks/results --arms "
     + " ".join(GENERATION_BASES)
     + "` (`--tasks d3s_openrlhf.tasks.chainsum`; `--regimes passes` for D3S + history and pilot history, which act "
-    "only when prompts recur), and in the same batch `--arms D3S --phases rerun` (`--arms GRPO D3S` with GRPO + "
-    "screening)"
+    "only when prompts recur; pilot history's flag, and its arm, were removed after this study), and in the same "
+    "batch `--arms D3S --phases rerun` (`--arms GRPO D3S` with GRPO + screening)"
 )
 
 

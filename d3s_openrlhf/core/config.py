@@ -224,14 +224,6 @@ class D3SConfig:
         "groups are never trained. Costs G - k rollouts per audited prompt; 0 = off, in [0, 1]",
         float,
     )
-    pilot_history: bool = _option(
-        False,
-        "with --d3s.pilot_rollouts and --d3s.prompt_skip history: a prompt whose latest observation (a pilot or a "
-        "group) had reward variance gets its full group at once, without a pilot (d3s/unpiloted_groups); the others "
-        "are piloted as before. Such a prompt's pilot mostly passes and, when it comes out flat, rejects a prompt "
-        "worth training; its group is not screened, so it is not weighted (docs/generation.md)",
-        bool,
-    )
     stall_passes: int = _option(
         4,
         "how many passes over the prompts may go by without a single group joining a batch before the run stops as "
@@ -295,7 +287,7 @@ class D3SConfig:
             value = getattr(self, name)
             if not is_int(value) or value < 0:
                 bad(name, "must be an int >= 0")
-        for name in ("full_logits", "chunked_logits", "dry_run", "pilot_history"):
+        for name in ("full_logits", "chunked_logits", "dry_run"):
             if not isinstance(getattr(self, name), bool):
                 bad(name, "must be a bool")
         # the skip options' ranges are the policy's own
@@ -310,13 +302,6 @@ class D3SConfig:
             bad("pilot_audit", "must be a number in [0, 1] (a share of the screened-out prompts)")
         elif self.pilot_audit > 0 and not self.screening_enabled:
             bad("pilot_audit", "audits screened-out prompts, which needs --d3s.pilot_rollouts k >= 2")
-        if self.pilot_history is True and not (self.screening_enabled and self.skip_enabled):
-            bad(
-                "pilot_history",
-                "sends the prompts whose history says mixed to their full group without a pilot, which needs pilots "
-                f"(--d3s.pilot_rollouts k >= 2, got {self.pilot_rollouts!r}) and the history (--d3s.prompt_skip "
-                f"history, got {self.prompt_skip!r})",
-            )
         if self.generation_enabled and is_int(self.schedule_steps) and self.schedule_steps <= 0:
             bad(
                 "schedule_steps",
@@ -383,8 +368,7 @@ class D3SConfig:
 
     def skip_policy(self) -> PromptSkipPolicy:
         """A fresh prompt-skip policy with these options."""
-        values = {parameter: getattr(self, name) for parameter, name in _SKIP_FIELDS.items()}
-        return PromptSkipPolicy(**values, remember_mixed=self.pilot_history)
+        return PromptSkipPolicy(**{parameter: getattr(self, name) for parameter, name in _SKIP_FIELDS.items()})
 
     @property
     def max_n(self) -> int:

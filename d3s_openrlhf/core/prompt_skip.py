@@ -27,11 +27,6 @@ own history and skips them before generation. Our policy (the design and its rea
   candidate leaves the base alone: skipping could not have changed its share (the first pass over the data, where
   the old global probability fell for nothing).
 
-* **Mixed record** (``remember_mixed``, for screening's pilot from history: ``--d3s.pilot_history``): the prompts
-  whose latest observation had variance. Such a prompt tends to have it again, so its pilot would mostly pass, and
-  a pilot that came out flat would reject a prompt worth training (a false reject); the samples generator gives it
-  its full group at once. Off by default: the record then holds the candidates only.
-
 A skipped prompt is not observed (it costs no pilot and no rollout) and keeps its streak. A decision compares q(c)
 with a uniform draw the caller supplies. The samples generator of the integration, which draws prompts through the
 policy and reports every pilot and group, keys that draw by (seed, batch, prompt, the prompt's occurrence in the
@@ -44,7 +39,7 @@ policy is plain Python.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Set
+from typing import Dict, Iterable, List, Optional
 
 from d3s_openrlhf.core.checks import InvalidOptions, Problem, is_real
 
@@ -74,7 +69,6 @@ class PromptSkipPolicy:
         floor: the exploration floor in [MIN_FLOOR, 1): a candidate is generated with probability at least this.
         target: the zero-variance share of generated observations the base steers towards, in [0, 1).
         rate: the base's adaptation step (> 0).
-        remember_mixed: also record the prompts whose latest observation had variance (:meth:`is_mixed`).
     """
 
     base: float = 0.5
@@ -84,9 +78,6 @@ class PromptSkipPolicy:
     # prompt key -> zero-variance observations in a row, candidates only (a streak of 0 has no entry): the record,
     # which checkpoints carry with every batch, grows with the prompts that are flat, not with the dataset
     streaks: Dict[str, int] = field(default_factory=dict)
-    remember_mixed: bool = False
-    # prompt keys whose latest observation had variance (with ``remember_mixed``): it grows with the prompts seen mixed
-    mixed: Set[str] = field(default_factory=set)
 
     def __post_init__(self):
         problems = self.problems(self.base, self.floor, self.target, self.rate)
@@ -114,10 +105,6 @@ class PromptSkipPolicy:
         """Whether ``key``'s latest observation had zero reward variance (so it may be skipped)."""
         return self.streak(key) > 0
 
-    def is_mixed(self, key: str) -> bool:
-        """Whether ``key``'s latest observation had reward variance (recorded with ``remember_mixed`` only)."""
-        return key in self.mixed
-
     def skip_probability(self, key: str) -> float:
         """q(c) = 1 - max(base^c, floor) for the prompt's streak c; 0 for a prompt that is no candidate."""
         streak = self.streak(key)
@@ -132,11 +119,8 @@ class PromptSkipPolicy:
         flat = zero_variance(rewards)
         if flat:
             self.streaks[key] = min(self.streak(key) + 1, MAX_STREAK)
-            self.mixed.discard(key)
         else:
             self.streaks.pop(key, None)
-            if self.remember_mixed:
-                self.mixed.add(key)
         return flat
 
     def adapt(self, zero_variance_share: Optional[float], candidates_drawn: int) -> float:
@@ -150,11 +134,10 @@ class PromptSkipPolicy:
         return self.base
 
     def state_dict(self) -> Dict:
-        """What a checkpoint keeps: the base, every candidate's streak and the mixed record."""
-        return {"base": self.base, "streaks": dict(self.streaks), "mixed": sorted(self.mixed)}
+        """What a checkpoint keeps: the base and every candidate's streak."""
+        return {"base": self.base, "streaks": dict(self.streaks)}
 
     def load_state_dict(self, state: Dict) -> None:
+        # other keys are ignored: checkpoints of runs with the removed --d3s.pilot_history also hold a "mixed" record
         self.base = min(max(float(state["base"]), BASE_MIN), BASE_MAX)
         self.streaks = {key: min(int(streak), MAX_STREAK) for key, streak in state["streaks"].items()}
-        # a checkpoint from before the record, or of a run without it: nothing known mixed
-        self.mixed = set(state.get("mixed", ())) if self.remember_mixed else set()

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Dict
 
 import torch
 
@@ -38,7 +38,7 @@ MIN_ACCEPTANCE = 0.1  # never provision more than 10 pilots per group still need
 PRIOR_PILOTS = 2.0  # the estimate starts as if 2 pilots had passed: one flat pilot does not multiply the dispatch
 
 
-def screening_weights(rewards: torch.Tensor, pilots: int, piloted: Optional[torch.Tensor] = None) -> torch.Tensor:
+def screening_weights(rewards: torch.Tensor, pilots: int) -> torch.Tensor:
     """Importance weights (B,) of screened groups of rewards (B, G) whose pilots were ``pilots`` = k of them:
 
         w = 1 / P(k of the group's G rollouts, drawn without replacement, are not all equal | its rewards)
@@ -54,11 +54,8 @@ def screening_weights(rewards: torch.Tensor, pilots: int, piloted: Optional[torc
     (G / k for a group with a single minority reward), and its mean over the groups that pass is
     P(group not all equal) / P(pilot not all equal) >= 1: the accepted groups stand in for the false rejects.
 
-    ``piloted`` (B,) bool marks the groups that passed a pilot (None: all of them); the others were generated whole,
-    without a pilot (``--d3s.pilot_history``), so nothing conditioned them: they weigh 1 and may be flat.
-
-    Rewards compare by exact equality, as the screen does. Raises ValueError on a piloted row whose G rewards are all
-    equal: it cannot have passed a screen (its rewards are not those the pilots were screened on).
+    Rewards compare by exact equality, as the screen does. Raises ValueError on a row whose G rewards are all equal:
+    it cannot have passed a screen (its rewards are not those the pilots were screened on).
     """
     if rewards.dim() != 2:
         raise ValueError(f"rewards must be a 2-D tensor of shape (B, G), got shape {tuple(rewards.shape)}")
@@ -72,8 +69,6 @@ def screening_weights(rewards: torch.Tensor, pilots: int, piloted: Optional[torc
         share = share * (equal - t).clamp(min=0) / (group_size - t)
     flat = (share / equal).sum(-1)  # each value's C(c_v, k) spread over its c_v members
     passes = 1.0 - flat
-    if piloted is not None:
-        passes = torch.where(piloted, passes, torch.ones_like(passes))
     impossible = passes <= 1e-12
     if bool(impossible.any()):
         rows = impossible.nonzero().squeeze(1).tolist()

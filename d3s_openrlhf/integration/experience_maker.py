@@ -15,9 +15,8 @@ Per rollout batch of B prompts x G rollouts (``make_experience_batch``):
 5. Scalar advantages of the kept rollouts: the full-group estimator values (``group``) or the estimator over each
    group's kept members (``subset``); then upstream's per-token steps (``compute_reward`` with the KL term,
    ``get_cumulative_returns``, reinforce_baseline's whitening).
-6. With screening (``--d3s.pilot_rollouts k``) every group of the batch passed a pilot of k, but for those the
-   generator sent to their full group at once (``--d3s.pilot_history``; marked in ``info[PILOTED_INFO]``, weight
-   1): the advantages of its rollouts, as upstream's per-token steps left them, are multiplied by the group's
+6. With screening (``--d3s.pilot_rollouts k``) every group of the batch passed a pilot of k: the advantages of
+   its rollouts, as upstream's per-token steps left them, are multiplied by the group's
    ``core.screening.screening_weights``, computed on the rewards the pilots were screened on (before length
    penalties), which undoes the screen's conditioning (docs/generation.md, "Screened groups are weighted").
 7. With K < 1 at this step the actor's experience-making forward also returns the old policy's per-token
@@ -32,13 +31,13 @@ upstream.
 Metrics (``last_metrics``, merged into the trainer's step status): the ``d3s/*`` keys of
 ``d3s_openrlhf.core.metrics.step_metrics``, ``d3s/select_time_s`` (driver time spent on selection, advantages,
 the screening weights and the token mask, forwards excluded) and with screening ``d3s/screen_weight_mean`` and
-``d3s/screen_weight_max`` over the batch's groups that passed a pilot.
+``d3s/screen_weight_max`` over the batch's groups.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -55,13 +54,7 @@ from d3s_openrlhf.core.metrics import step_metrics
 from d3s_openrlhf.core.screening import screening_weights
 from d3s_openrlhf.core.selection import select_rollouts, step_generator
 from d3s_openrlhf.core.token_mask import token_keep_mask, token_mask_metrics
-from d3s_openrlhf.integration.host import (
-    PG_MASK_KEY,
-    PILOTED_INFO,
-    config_from_args,
-    kept_count_unit,
-    kept_rollout_count,
-)
+from d3s_openrlhf.integration.host import PG_MASK_KEY, config_from_args, kept_count_unit, kept_rollout_count
 
 logger = init_logger(__name__)
 
@@ -124,7 +117,7 @@ class D3SExperienceMaker(RemoteExperienceMaker):
         )
         all_tokens = sum(int(sample.action_mask.sum()) for sample in rollout_samples)
         token_level = self.k < 1.0
-        screened = self._screening_weights(rollout_samples, num_prompts)  # refused before any forward
+        weights = self._screening_weights(rollout_samples, num_prompts)  # refused before any forward
 
         if kept == total:
             if rollout_samples[0].rewards is not None:  # precomputed: refuse bad ones before any forward
@@ -141,7 +134,7 @@ class D3SExperienceMaker(RemoteExperienceMaker):
             )
             self.last_rollouts = rollout_samples
             t0 = time.perf_counter()
-        screen_metrics = self._weight_screened(experiences, kept_index, screened) if screened is not None else {}
+        screen_metrics = self._weight_screened(experiences, kept_index, weights) if weights is not None else {}
 
         # the response tokens of the kept rollouts: what K is applied to
         candidate_tokens = sum(int(e.action_mask.sum()) for e in experiences)
@@ -237,10 +230,9 @@ class D3SExperienceMaker(RemoteExperienceMaker):
 
     # ── screened groups ──
 
-    def _screening_weights(self, rollout_samples, num_prompts: int) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    def _screening_weights(self, rollout_samples, num_prompts: int) -> Optional[torch.Tensor]:
         """(B,) screening weights of the batch's groups from the rewards the pilots were screened on (as the
-        generator put them on the samples, before length penalties; 1 for a group generated whole) and the (B,)
-        bool mask of the groups that passed a pilot; None without screening."""
+        generator put them on the samples, before length penalties), or None without screening."""
         if not self.d3s.screening_enabled:
             return None
         if any(sample.rewards is None for sample in rollout_samples):
@@ -250,28 +242,15 @@ class D3SExperienceMaker(RemoteExperienceMaker):
             )
         rewards = torch.cat([sample.rewards for sample in rollout_samples])
         self._check_rewards(rewards)
-        if any(PILOTED_INFO not in sample.info for sample in rollout_samples):
-            raise ValueError(
-                f"screening (--d3s.pilot_rollouts {self.d3s.pilot_rollouts}) weights the groups that passed a pilot, "
-                f"but some rollouts reached the experience maker without info[{PILOTED_INFO!r}]: they were not made by "
-                "d3s_openrlhf's samples generator"
-            )
-        # popped: a marker for the weights, not a metric to log
-        piloted = torch.cat([sample.info.pop(PILOTED_INFO) for sample in rollout_samples])
-        piloted = piloted.reshape(num_prompts, self.group_size)[:, 0] > 0  # a group's rollouts share their marker
-        grid = rewards.reshape(num_prompts, self.group_size)
-        return screening_weights(grid, self.d3s.pilot_rollouts, piloted), piloted
+        return screening_weights(rewards.reshape(num_prompts, self.group_size), self.d3s.pilot_rollouts)
 
-    def _weight_screened(self, experiences, kept_index: torch.Tensor, screened) -> Dict[str, float]:
-        """Multiply each trained rollout's advantages by its group's screening weight; the metrics of the weights of
-        the groups that passed a pilot (1 where none did)."""
-        weights, piloted = screened
+    def _weight_screened(self, experiences, kept_index: torch.Tensor, weights: torch.Tensor) -> Dict[str, float]:
+        """Multiply each trained rollout's advantages by its group's screening weight; the weights' metrics."""
         for experience in experiences:
             rows = kept_index[torch.tensor(experience.index, dtype=torch.long)] // self.group_size
             scale = weights[rows].to(experience.advantages.dtype).unsqueeze(1)
             experience.advantages = experience.advantages * scale
-        passed = weights[piloted] if bool(piloted.any()) else torch.ones(1, dtype=weights.dtype)
-        return {"d3s/screen_weight_mean": passed.mean().item(), "d3s/screen_weight_max": passed.max().item()}
+        return {"d3s/screen_weight_mean": weights.mean().item(), "d3s/screen_weight_max": weights.max().item()}
 
     # ── forwards ──
 

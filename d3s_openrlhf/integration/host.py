@@ -15,8 +15,7 @@ forwards is adapted here.
 * Kept counts: one rule (:func:`kept_rollout_count` over :func:`kept_count_unit`) for training, the LR horizon
   (:func:`scaled_max_steps`) and the dry run (:func:`validate_against_host`).
 * Travel form: the config rides in the host args as ``args.d3s`` (:func:`config_namespace`,
-  :func:`config_from_args`); the token mask rides in ``experience.info[PG_MASK_KEY]``, whether a screened group
-  passed a pilot in ``experience.info[PILOTED_INFO]``.
+  :func:`config_from_args`); the token mask rides in ``experience.info[PG_MASK_KEY]``.
 * Validation against the host flags (:func:`validate_against_host`), before Ray starts: one small check per
   refusal, all run from :data:`HOST_CHECKS`, the installed DeepSpeed among them, checked against the range this
   package supports (:data:`DEEPSPEED_RANGE`, declared in setup.py).
@@ -48,11 +47,6 @@ UPSTREAM_MODULE = "openrlhf.cli.train_ppo_ray"
 PG_MASK_KEY = "d3s_pg_mask"
 """``experience.info`` key of the (S, A) bool mask of the tokens that enter the policy-gradient term (written by
 the experience maker in the driver, read by the actor's training step in the workers)."""
-
-PILOTED_INFO = "d3s_piloted"
-"""``experience.info`` key, on every rollout of a screened batch, of 1.0 where its group passed a pilot and 0.0 where
-it was generated whole (``--d3s.pilot_history``): written by the samples generator, read and removed by the
-experience maker, which weights only the piloted groups."""
 
 
 class D3SValidationError(ValueError):

@@ -13,10 +13,7 @@ a :class:`PromptStream`:
 * **Screening** (``--d3s.pilot_rollouts k``): :meth:`D3SSamplesGenerator._generate_screened` dispatches pilots of k
   rollouts ahead (``core.screening``), screens out the prompts whose pilot rewards are all equal, and generates the
   other G - k rollouts of the rest. A pilot that passes after its batch is full joins the next batch, one policy
-  update old (as every rollout of async mode is; the actor recomputes the log-probs). With
-  ``--d3s.pilot_history`` a prompt whose latest observation had variance gets its full group at once instead (it
-  is marked unpiloted on its experiences (``host.PILOTED_INFO``), so that the experience maker does not weight it, and
-  its group is observed in the history). Skip and audit decisions are
+  update old (as every rollout of async mode is; the actor recomputes the log-probs). Skip and audit decisions are
   keyed by the draw (``PromptStream.uniform``), not by the order pilots return; how many prompts a batch draws is
   not (docs/generation.md, Reproducibility).
 * **Dynamic filtering** (``--algo.dynamic_filtering_enable``) with screening: the pilot screens out zero-variance
@@ -41,9 +38,8 @@ whose token ids alone are 16 MB at 1024 rollouts of 2k tokens.
 Metrics of a step (logged by the trainer that receives the batch, sync or async): ``d3s/generated_tokens`` (response
 tokens generated, pilots and filtered groups included), and with the levels on ``d3s/skipped_prompts``,
 ``d3s/skip_candidates``, ``d3s/skip_base``, ``d3s/screened_prompts``, ``d3s/pilots``, ``d3s/pilot_acceptance``,
-``d3s/carried_pilots``, ``d3s/passes``, with ``--d3s.pilot_audit`` ``d3s/audited_prompts`` and
-``d3s/false_rejects``, and with ``--d3s.pilot_history`` ``d3s/unpiloted_groups`` and ``d3s/unpiloted_flat`` (those
-of them whose rewards came out all equal). A step served from upstream's sample buffer without generating logs zeros.
+``d3s/carried_pilots``, ``d3s/passes`` and, with ``--d3s.pilot_audit``, ``d3s/audited_prompts`` and
+``d3s/false_rejects``. A step served from upstream's sample buffer without generating logs zeros.
 """
 
 from __future__ import annotations
@@ -61,7 +57,7 @@ from tqdm import tqdm
 
 from d3s_openrlhf.core.screening import AcceptanceEstimate, pilot_room, pilots_to_dispatch
 from d3s_openrlhf.core.selection import keyed_uniform
-from d3s_openrlhf.integration.host import PILOTED_INFO, config_from_args, fixed_steps
+from d3s_openrlhf.integration.host import config_from_args, fixed_steps
 
 STATE_KEY = "d3s_generation"
 """Key of the generator's state (and the last batch's metrics) in the prompt dataloader's state dict."""
@@ -297,8 +293,6 @@ class D3SSamplesGenerator(SamplesGenerator):
                 names.append("d3s/filtered_prompts")
             if self.d3s.pilot_audit:
                 names += ["d3s/audited_prompts", "d3s/false_rejects"]
-            if self.d3s.pilot_history:
-                names += ["d3s/unpiloted_groups", "d3s/unpiloted_flat"]
         return names
 
     def _generate_vllm(self, dataloader_iter, num_prompts: int, dynamic_filtering, **generate_kwargs):
@@ -359,13 +353,11 @@ class D3SSamplesGenerator(SamplesGenerator):
         self._counts["d3s/skipped_prompts"] += self.stream.skipped
         self._counts["d3s/skip_candidates"] += self.stream.candidates
         flat = [self.policy.observe(key, rewards) for key, rewards in sorted(groups.items())]
-        # screened batches observed their pilots and unpiloted groups as they returned (.get: a count that is not
-        # this run's metric stays out of its metrics)
-        names = ("pilots", "screened_prompts", "unpiloted_groups", "unpiloted_flat")
-        count = {name: self._counts.get(f"d3s/{name}", 0.0) for name in names}
-        observed = len(flat) + count["pilots"] + count["unpiloted_groups"]
+        # screened batches observed their pilots as they returned (.get: a count that is not this run's metric stays
+        # out of its metrics)
+        observed = len(flat) + self._counts.get("d3s/pilots", 0.0)
         if observed:
-            share = (sum(flat) + count["screened_prompts"] + count["unpiloted_flat"]) / observed
+            share = (sum(flat) + self._counts.get("d3s/screened_prompts", 0.0)) / observed
             self.policy.adapt(share, candidates_drawn=self.stream.candidates)
 
     def _generate_screened(self, num_prompts: int, dynamic_filtering, **generate_kwargs) -> List:
@@ -393,40 +385,25 @@ class D3SSamplesGenerator(SamplesGenerator):
         return draw.accepted
 
     def _start_rests(self, draw: _ScreenedDraw, groups: List[Tuple[Item, List, bool]]) -> None:
-        """Dispatch the rollouts that complete each (item, pilot responses, audited) group: the G - k after its pilot,
-        or all G of a prompt sent without one (no pilot responses); one request per group size."""
-        by_size = defaultdict(list)
-        for group in groups:
-            by_size[draw.group_size - len(group[1])].append(group)
-        for size, same in by_size.items():
-            _, prompts, labels, images = zip(*(item for item, _, _ in same))
-            kwargs = {**draw.generate_kwargs, "n_samples_per_prompt": size}
-            refs = self._dispatch_prompts_to_vllm(list(prompts), list(labels), images=list(images), **kwargs)
-            draw.rests.update(zip(refs, same))
+        """Dispatch the G - k rollouts that complete each (item, pilot responses, audited) group, in one call."""
+        _, prompts, labels, images = zip(*(item for item, _, _ in groups))
+        kwargs = {**draw.generate_kwargs, "n_samples_per_prompt": draw.group_size - self.d3s.pilot_rollouts}
+        refs = self._dispatch_prompts_to_vllm(list(prompts), list(labels), images=list(images), **kwargs)
+        draw.rests.update(zip(refs, groups))
 
     def _top_up(self, draw: _ScreenedDraw) -> None:
-        """Complete the carried pilots first, then keep ceil(needed / acceptance) pilots in flight (core.screening);
-        with --d3s.pilot_history a drawn prompt known mixed takes an open slot with its full group instead."""
+        """Complete the carried pilots first, then keep ceil(needed / acceptance) pilots in flight (core.screening)."""
         rests = []
         while self._carried and draw.started < draw.num_prompts:
             rests.append((*self._carried.pop(0), False))
             draw.started += 1
-        acceptance = self.acceptance.with_batch(draw.pilots_done - draw.screened, draw.pilots_done)
-        drawn = []
-        while True:  # one draw at a time: an unpiloted group fills a slot, so fewer pilots are wanted
-            open_slots = draw.num_prompts - draw.started
-            room = pilot_room(open_slots, draw.num_prompts, len(self._carried))
-            if not pilots_to_dispatch(open_slots, len(draw.pilots) + len(drawn), acceptance, room):
-                break
-            item, draw_key = self.stream.next_item()
-            if self.d3s.pilot_history and self.policy.is_mixed(_item_key(item)):
-                rests.append((item, [], False))
-                draw.started += 1
-                self._counts["d3s/unpiloted_groups"] += 1
-            else:
-                drawn.append((item, draw_key))
         if rests:
             self._start_rests(draw, rests)
+        acceptance = self.acceptance.with_batch(draw.pilots_done - draw.screened, draw.pilots_done)
+        open_slots = draw.num_prompts - draw.started
+        room = pilot_room(open_slots, draw.num_prompts, len(self._carried))
+        new = pilots_to_dispatch(open_slots, len(draw.pilots), acceptance, room)
+        drawn = [self.stream.next_item() for _ in range(new)]
         if drawn:
             _, prompts, labels, images = zip(*(item for item, _ in drawn))
             kwargs = {**draw.generate_kwargs, "n_samples_per_prompt": self.d3s.pilot_rollouts}
@@ -438,7 +415,7 @@ class D3SSamplesGenerator(SamplesGenerator):
         else its rest is dispatched, or it waits for the next batch if this one is full."""
         draw.pilots_done += 1
         rewards = [_reward(response, self.d3s) for response in responses]
-        self._observe(item, rewards)
+        self._observe_pilot(item, rewards)
         if max(rewards) == min(rewards):
             draw.screened += 1
             self._decided(joined=False)
@@ -460,13 +437,6 @@ class D3SSamplesGenerator(SamplesGenerator):
             self._counts["d3s/false_rejects"] += max(rewards) != min(rewards)
             return False
         experiences = [self._process_response_into_experience(r, **draw.generate_kwargs) for r in group]
-        piloted = bool(pilot_responses)
-        if not piloted:  # observed whole (a pilot was observed as it returned)
-            rewards = [_reward(response, self.d3s) for response in group]
-            self._observe(item, rewards)
-            self._counts["d3s/unpiloted_flat"] += max(rewards) == min(rewards)
-        for experience in experiences:
-            experience.info[PILOTED_INFO] = torch.tensor([float(piloted)])
         if filtering and not self._passes_filter(experiences):
             draw.started -= 1
             self._counts["d3s/filtered_prompts"] += 1
@@ -476,8 +446,8 @@ class D3SSamplesGenerator(SamplesGenerator):
         self._decided(joined=True)
         return True
 
-    def _observe(self, item: Item, rewards: List[float]) -> None:
-        """Record a pilot's or an unpiloted group's rewards in the prompt's history."""
+    def _observe_pilot(self, item: Item, rewards: List[float]) -> None:
+        """Record a pilot's rewards in the prompt's history."""
         if self.policy is not None:
             self.policy.observe(_item_key(item), rewards)
 

@@ -408,6 +408,23 @@ def test_the_generation_levels_arms_are_reported_apart_beside_the_arms_they_add_
     assert "| D3S+history |" not in text.split("**Ratios to D3S**")[1].split("**")[0]
 
 
+def test_the_removed_pilot_history_arm_is_reported_from_its_recorded_runs():
+    import bench_learning
+    from reporting import speed_doc
+
+    arm = "D3S+screen4+pilot-history"
+    assert arm not in bench_learning.PARTS["speed"]  # its flag, --d3s.pilot_history, is gone: no new runs
+    document = synthetic_document()
+    document["runs"] += synthetic_runs({arm: LEVEL_SHAPES["D3S+history"]})
+    _, level = speed_doc.split(document)
+    assert {run["arm"] for run in level["runs"]} == {"GRPO", "D3S", arm}
+    (analysed,) = speed.speed_analysis(level)
+    assert set(analysed["arms"][arm]["ratios"]) == {"GRPO", "D3S"}
+    text = "\n".join(speed_doc.level_body(level, [analysed], {}))
+    assert "(`--d3s.pilot_history`, removed after this study: it did not win;" in text
+    assert f"| {arm} |" in text.split("**Ratios to D3S**")[1].split("**")[0]
+
+
 def test_results_md_has_the_speed_study_as_section_11_when_it_ran(tmp_path):
     import report
 

@@ -113,8 +113,6 @@ BAD_VALUES = [
     ("stall_passes", 2.5, "an int >= 1"),
     ("stall_passes", True, "an int >= 1"),
     ("pilot_audit", 0.5, "needs --d3s.pilot_rollouts"),
-    ("pilot_history", "yes", "bool"),
-    ("pilot_history", True, r"needs pilots \(--d3s.pilot_rollouts k >= 2, got 0\) and the history"),
 ]
 
 
@@ -293,7 +291,7 @@ def configs(draw):
 def test_flag_round_trip(config):
     argv = []
     for name, value in config.to_dict().items():
-        if name in ("full_logits", "chunked_logits", "dry_run", "pilot_history"):
+        if name in ("full_logits", "chunked_logits", "dry_run"):
             argv += [f"--d3s.{name}"] if value else []
         elif value is not None:
             argv += [f"--d3s.{name}", repr(value) if isinstance(value, float) else str(value)]

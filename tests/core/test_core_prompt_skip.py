@@ -105,25 +105,13 @@ def test_state_round_trip_resumes_the_same_decisions():
     ]
 
 
-def test_the_mixed_record_holds_the_prompts_whose_latest_observation_had_variance():
-    policy = PromptSkipPolicy(remember_mixed=True)
-    for key, rewards in (("a", [0, 1]), ("b", [0, 1]), ("b", [1, 1]), ("c", [1, 1]), ("c", [0, 1])):
-        policy.observe(key, rewards)
-    assert [policy.is_mixed(key) for key in "abcd"] == [True, False, True, False]
-    assert policy.streak("b") == 1 and not policy.is_candidate("c")
-    restored = PromptSkipPolicy(remember_mixed=True)
-    restored.load_state_dict(policy.state_dict())
-    assert restored.mixed == {"a", "c"} and restored.streaks == {"b": 1}
-    # a checkpoint from before the record (or of a run without it) resumes knowing nothing mixed
-    old = {"base": 0.5, "streaks": {"b": 1}}
-    restored.load_state_dict(old)
-    assert restored.mixed == set() and restored.streaks == {"b": 1}
-    # off (the default): the record stays empty, the state holds the candidates only
-    plain = PromptSkipPolicy()
-    plain.observe("a", [0, 1])
-    assert not plain.is_mixed("a") and plain.state_dict()["mixed"] == []
-    flags = {"preset": "grpo", "prompt_skip": "history", "pilot_rollouts": 2, "pilot_history": True}
-    assert D3SConfig.from_flags({**flags, "schedule_steps": 5}).skip_policy().remember_mixed
+def test_a_checkpoint_with_the_removed_mixed_record_resumes():
+    # written by a version with --d3s.pilot_history: its "mixed" record is ignored
+    restored = PromptSkipPolicy()
+    restored.load_state_dict({"base": 0.6, "streaks": {"b": 1}, "mixed": ["a", "c"]})
+    assert restored.base == 0.6 and restored.streaks == {"b": 1}
+    assert restored.state_dict() == {"base": 0.6, "streaks": {"b": 1}}
+    assert [restored.skip_probability(key) for key in "ac"] == [0.0, 0.0]  # never candidates: always generated
 
 
 def test_bad_parameters_are_reported_together_with_their_requirements():

@@ -127,17 +127,6 @@ def test_weights_at_the_sizes_users_run_and_refused_inputs():
             screening_weights(torch.tensor([[0.0, 1.0, 1.0, 1.0]]), pilots)
 
 
-def test_groups_generated_whole_weigh_one_and_may_be_flat():
-    # --d3s.pilot_history: groups 0 and 2 skipped their pilot; a flat piloted group is refused, numbered in the batch
-    rewards = torch.tensor([[0.0, 1.0, 1.0, 1.0], [0.0, 1.0, 1.0, 1.0], [0.5] * 4, [0.0, 0.0, 1.0, 1.0]])
-    piloted = torch.tensor([False, True, False, True])
-    weights = screening_weights(rewards, 2, piloted)
-    torch.testing.assert_close(weights[~piloted], torch.ones(2, dtype=torch.float64))
-    torch.testing.assert_close(weights[piloted], screening_weights(rewards[piloted], 2))
-    with pytest.raises(ValueError, match=r"groups \[2\] have all 4 rewards equal"):
-        screening_weights(rewards, 2, torch.tensor([False, True, True, True]))
-
-
 # The simulation: Bernoulli rewards at pass rate p, pilots of k of G = 16. Per prompt drawn (a draw screened
 # out counts 0, as GRPO's flat groups do), the weighted advantages of screened groups must have the expectation of
 # the same method's advantages without screening, for each outcome: S_r = sum of the advantages of the rollouts with

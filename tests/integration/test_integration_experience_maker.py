@@ -31,13 +31,7 @@ from openrlhf.utils import get_strategy
 
 from d3s_openrlhf.core.config import D3SConfig
 from d3s_openrlhf.integration.experience_maker import D3SExperienceMaker
-from d3s_openrlhf.integration.host import (
-    PG_MASK_KEY,
-    PILOTED_INFO,
-    config_namespace,
-    kept_count_unit,
-    parse_host_args,
-)
+from d3s_openrlhf.integration.host import PG_MASK_KEY, config_namespace, kept_count_unit, parse_host_args
 from d3s_openrlhf.integration.trainer import D3STrainerMixin
 
 ESTIMATORS = ("group_norm", "dr_grpo", "rloo", "reinforce_baseline")
@@ -155,9 +149,8 @@ def host_args(*flags, estimator="group_norm", group_size=4, prompts=4, train_bat
     return parse_host_args(argv)
 
 
-def make_rollouts(rewards, *, precomputed=True, response_lengths=None, truncated=None, piloted=None):
-    """One Experience per rollout, shaped like OpenRLHF's SamplesGenerator output; rewards (B, G) list; ``piloted``
-    (B,) bools: the screened generator's marker of the groups that passed a pilot (None: no marker, no screening)."""
+def make_rollouts(rewards, *, precomputed=True, response_lengths=None, truncated=None):
+    """One Experience per rollout, shaped like OpenRLHF's SamplesGenerator output; rewards (B, G) list."""
     rollouts = []
     flat = [r for row in rewards for r in row]
     group_size = len(rewards[0])
@@ -176,8 +169,6 @@ def make_rollouts(rewards, *, precomputed=True, response_lengths=None, truncated
         info = {"response_clip_ratio": torch.tensor([False])}
         if precomputed:
             info["reward"] = torch.tensor([reward])
-        if piloted is not None:
-            info[PILOTED_INFO] = torch.tensor([float(piloted[rollout_id // group_size])])
         rollouts.append(
             Experience(
                 sequences=sequences.unsqueeze(0),
@@ -700,7 +691,6 @@ def test_metrics(groups):
 # 1 / (1 - the share of the 2-subsets of the group whose rewards are equal).
 SCREENED = [[1.0, 1.0, 0.0, 0.7], [0.0, 1.3, 0.9, 0.4], [0.5, 0.5, 0.5, 0.7], [1.0, 1.0, 0.0, 0.0]]
 SCREEN_WEIGHTS = [6 / 5, 1.0, 2.0, 1.5]
-PILOTED = [True] * 4
 
 
 @pytest.mark.parametrize(
@@ -716,7 +706,7 @@ def test_screened_groups_train_their_advantages_times_their_screening_weight(gro
     for maker in (plain, screened):
         maker.set_schedule_point(3, n, k)
     expected = by_rollout(plain.make_experience_batch(make_rollouts(SCREENED)), "advantages")
-    mine = screened.make_experience_batch(make_rollouts(SCREENED, piloted=PILOTED))
+    mine = screened.make_experience_batch(make_rollouts(SCREENED))
     _records(groups.policy)
     _records(groups.aux)
     got = by_rollout(mine, "advantages")
@@ -734,7 +724,7 @@ def test_screened_groups_are_weighted_on_the_rewards_before_length_penalties(gro
     lengths = [2, 6, 3, 6] * 4  # the long ones lose 1: the weights on penalised rewards would be 1.2, 1, 1.2, 1.2
     maker = make_maker(groups, args, config(preset="grpo", pilot_rollouts=2, schedule_steps=10))
     maker.set_schedule_point(0, 4, 1.0)
-    maker.make_experience_batch(make_rollouts(SCREENED, response_lengths=lengths, piloted=PILOTED))
+    maker.make_experience_batch(make_rollouts(SCREENED, response_lengths=lengths))
     _records(groups.policy)
     assert maker.last_metrics["d3s/screen_weight_mean"] == pytest.approx(sum(SCREEN_WEIGHTS) / 4)
 
@@ -744,37 +734,7 @@ def test_a_screened_group_with_all_rewards_equal_is_refused_before_any_forward(g
     maker = make_maker(groups, host_args(), config(preset=preset, pilot_rollouts=2, schedule_steps=10))
     maker.set_schedule_point(0, n, 1.0)
     with pytest.raises(ValueError, match=r"groups \[2\] have all 4 rewards equal"):
-        maker.make_experience_batch(make_rollouts(REWARDS, piloted=PILOTED))
-    assert _records(groups.policy) == [[], []]
-
-
-@pytest.mark.parametrize("preset,n", [("grpo", 4), ("d3s", 2)])
-def test_groups_generated_whole_are_not_weighted_and_may_be_flat(groups, preset, n):
-    # --d3s.pilot_history: groups 0 and 2 went straight to their full group (0 would weigh 6/5 had it passed a pilot;
-    # 2 is flat: its record said mixed), groups 1 and 3 passed a pilot
-    rewards = [SCREENED[0], SCREENED[1], [0.5] * 4, SCREENED[3]]
-    plain = make_maker(groups, host_args(), config(preset=preset))
-    maker = make_maker(groups, host_args(), config(preset=preset, pilot_rollouts=2, schedule_steps=10))
-    for each in (plain, maker):
-        each.set_schedule_point(0, n, 1.0)
-    expected = by_rollout(plain.make_experience_batch(make_rollouts(rewards)), "advantages")
-    piloted = [False, True, False, True]
-    got = by_rollout(maker.make_experience_batch(make_rollouts(rewards, piloted=piloted)), "advantages")
-    _records(groups.policy)
-    weights = [1.0, SCREEN_WEIGHTS[1], 1.0, SCREEN_WEIGHTS[3]]
-    assert sorted(got) == sorted(expected)
-    for rollout_id, advantages in got.items():
-        torch.testing.assert_close(advantages, expected[rollout_id] * weights[rollout_id // 4])
-    # the metrics describe the groups that passed a pilot
-    assert maker.last_metrics["d3s/screen_weight_mean"] == pytest.approx((SCREEN_WEIGHTS[1] + SCREEN_WEIGHTS[3]) / 2)
-    assert maker.last_metrics["d3s/screen_weight_max"] == pytest.approx(SCREEN_WEIGHTS[3])
-
-
-def test_screened_rollouts_without_the_generators_marker_are_refused_before_any_forward(groups):
-    maker = make_maker(groups, host_args(), config(preset="grpo", pilot_rollouts=2, schedule_steps=10))
-    maker.set_schedule_point(0, 4, 1.0)
-    with pytest.raises(ValueError, match=r"without info\['d3s_piloted'\]"):
-        maker.make_experience_batch(make_rollouts(SCREENED))
+        maker.make_experience_batch(make_rollouts(REWARDS))
     assert _records(groups.policy) == [[], []]
 
 

@@ -19,7 +19,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from d3s_openrlhf.core.config import D3SConfig
 from d3s_openrlhf.core.selection import step_generator
-from d3s_openrlhf.integration.host import PILOTED_INFO, config_namespace, parse_host_args
+from d3s_openrlhf.integration.host import config_namespace, parse_host_args
 from d3s_openrlhf.integration.samples_generator import (
     STATE_KEY,
     D3SSamplesGenerator,
@@ -117,24 +117,6 @@ def run(generator, steps=None):
     return taken
 
 
-def adapted_shares(generator):
-    """The zero-variance shares the generator's skip policy adapts to, batch by batch (a spy on ``adapt``)."""
-    shares, adapt = [], generator.policy.adapt
-
-    def spy(share, candidates_drawn):
-        shares.append(share)
-        return adapt(share, candidates_drawn)
-
-    generator.policy.adapt = spy
-    return shares
-
-
-def zero_variance_share(metrics):
-    """A screened batch's zero-variance share from its metrics: flat pilots and flat whole groups among both."""
-    flat = metrics["d3s/screened_prompts"] + metrics["d3s/unpiloted_flat"]
-    return pytest.approx(flat / (metrics["d3s/pilots"] + metrics["d3s/unpiloted_groups"]))
-
-
 @pytest.mark.parametrize(
     "flags, level",
     [
@@ -222,59 +204,6 @@ def test_history_counts_pilots_and_a_skipped_prompt_costs_no_pilot():
     assert len(easy_pilots) <= 12 + 0.2 * (len(easy_pilots) + 12)
     assert sum(metrics["d3s/skipped_prompts"] for *_, metrics in steps) > 0
     assert all(generator.policy.streak(prompt_key(f"p{i}", f"l{i}")) >= 1 for i in range(0, PROMPTS, 2))
-
-
-def test_prompts_known_mixed_get_their_full_group_without_a_pilot():
-    """--d3s.pilot_history: after a prompt's pilot had variance, its next draw is generated whole (G rollouts in one
-    request), marked unpiloted on its experiences, observed in the history; the rest is piloted as before."""
-    generator = make(pilot_rollouts=K, pilot_history=True)
-    shares = adapted_shares(generator)
-    markers, steps = defaultdict(set), []
-    while True:
-        samples, _, consumed, exhausted = generator.generate_samples(max_len=64)
-        if samples:
-            assert len(samples) == B * G
-            for sample in samples:
-                markers[sample.prompts[0]].add(sample.info[PILOTED_INFO].item())
-            steps.append((consumed, dict(generator.last_metrics)))
-        if exhausted:
-            break
-    assert len(steps) == 12
-    whole = [prompt for prompt, n in generator.dispatched if n == G]
-    pilots = [prompt for prompt, n in generator.dispatched if n == K]
-    assert whole and not any(map(easy, whole))  # only prompts whose pilot had variance are known mixed
-    order = generator.dispatched.index
-    assert all(order((prompt, K)) < order((prompt, G)) for prompt in set(whole))  # a pilot first said mixed
-    assert all(0.0 in markers[prompt] for prompt in whole)  # trained unpiloted: weight 1 in the experience maker
-    assert all(markers[prompt] == {1.0} for prompt in markers if prompt not in whole)
-    unpiloted = sum(metrics["d3s/unpiloted_groups"] for _, metrics in steps)
-    assert unpiloted == len(whole) and sum(metrics["d3s/unpiloted_flat"] for _, metrics in steps) == 0
-    skipped = sum(metrics["d3s/skipped_prompts"] for _, metrics in steps)
-    carried = steps[-1][1]["d3s/carried_pilots"]
-    # each draw once: skipped, piloted, or generated whole
-    assert sum(consumed for consumed, _ in steps) == skipped + len(pilots) + len(whole)
-    assert len(pilots) + len(whole) == 12 * B + sum(m["d3s/screened_prompts"] for _, m in steps) + carried
-    # the skip base adapts to the zero-variance share of every observation: pilots and groups generated whole
-    observed = [metrics for _, metrics in steps if metrics["d3s/pilots"] + metrics["d3s/unpiloted_groups"]]
-    assert shares == [zero_variance_share(metrics) for metrics in observed]
-
-
-def test_a_prompt_known_mixed_that_comes_out_flat_is_trained_and_becomes_a_skip_candidate():
-    generator = make(pilot_rollouts=K, pilot_history=True, schedule_steps=30)
-    run(generator, steps=8)  # 32 slots of 24 prompts: some prompts are known mixed by now
-    known = set(generator.policy.mixed)
-    assert known
-    generator.flat, generator.dispatched = True, []
-    shares = adapted_shares(generator)
-    taken = run(generator, steps=1)
-    assert shares == [1.0]  # every pilot and every whole group flat
-    flat_whole = [prompt for prompt, n in generator.dispatched if n == G]
-    assert flat_whole and set(flat_whole) <= set(taken[0][0])  # trained: the experience maker gives it weight 1
-    assert taken[0][3]["d3s/unpiloted_flat"] == taken[0][3]["d3s/unpiloted_groups"] == len(flat_whole)
-    for prompt in flat_whole:
-        key = prompt_key(prompt, "l" + prompt[1:])
-        assert not generator.policy.is_mixed(key) and generator.policy.streak(key) == 1  # a skip candidate now
-    assert generator.prompts_dataloader.state_dict()[STATE_KEY]["history"]["mixed"] == sorted(generator.policy.mixed)
 
 
 def test_screening_with_dynamic_filtering_counts_each_prompt_once():
@@ -393,7 +322,7 @@ def test_steps_served_from_the_sample_buffer_log_no_second_copy_of_the_counts():
     assert second[3]["d3s/pilots"] == 0 and second[3]["d3s/generated_tokens"] == 0  # served from the buffer
 
 
-def test_the_state_grows_with_the_skip_candidates_only_without_pilot_history():
+def test_the_state_grows_with_the_skip_candidates_only():
     small = make()
     large = make(loader=dataloader(prompts=2000))
     run(small, steps=6)
