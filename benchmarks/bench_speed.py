@@ -33,7 +33,9 @@ The protocol (the analysis: ``benchmarks/reporting/speed.py``):
   evaluations are not in it.
 - Per task, once its warm start (the task's SFT, shared by every run) is evaluated and before its first run, the
   thresholds: warm start + ``--fractions`` (25%, 50%, 75%) of the gap to 1.0, stored in the JSON and never
-  recomputed.
+  recomputed. The workdir is scratch: on a fresh machine the warm start is made again and the study goes on only if
+  it reproduces the recorded one (the digest of its weights; for a task recorded without one, its held-out greedy
+  accuracy: chainsum's, made again on 2026-11-28, gave the recorded 0.434).
 - The sweep: every arm at every ``--lrs`` (2.5e-5, 5e-5, 1e-4, 2e-4: today's 2e-4 and 8x below it; 2.5e-5 joined once
   most arms had chosen 5e-5, then the lowest rate; the committed chainsum_tens study ran ``--lrs 1.25e-5 2.5e-5 5e-5
   1e-4 2e-4``, as GRPO chose 2.5e-5 there), on the ``--sweep-seeds`` (0, 1), seed by seed. Each arm's rate is the one
