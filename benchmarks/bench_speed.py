@@ -33,9 +33,9 @@ The protocol (the analysis: ``benchmarks/reporting/speed.py``):
   evaluations are not in it.
 - Per task, once its warm start (the task's SFT, shared by every run) is evaluated and before its first run, the
   thresholds: warm start + ``--fractions`` (25%, 50%, 75%) of the gap to 1.0, stored in the JSON and never
-  recomputed. The workdir is scratch: on a fresh machine the warm start is made again and the study goes on only if
-  it reproduces the recorded one (the digest of its weights; for a task recorded without one, its held-out greedy
-  accuracy: chainsum's, made again on 2026-11-28, gave the recorded 0.434).
+  recomputed. The workdir is scratch: on a fresh machine the warm start is made again, and the study goes on only if
+  its weights are the recorded runs' (their digest; for a task recorded without one, only its held-out greedy
+  accuracy is compared: chainsum's, made again on 2026-11-28, gave the recorded 111 of 256).
 - The sweep: every arm at every ``--lrs`` (2.5e-5, 5e-5, 1e-4, 2e-4: today's 2e-4 and 8x below it; 2.5e-5 joined once
   most arms had chosen 5e-5, then the lowest rate; the committed chainsum_tens study ran ``--lrs 1.25e-5 2.5e-5 5e-5
   1e-4 2e-4``, as GRPO chose 2.5e-5 there), on the ``--sweep-seeds`` (0, 1), seed by seed. Each arm's rate is the one
@@ -222,17 +222,22 @@ def save(document, path):
 
 def weights_digest(model_dir):
     """sha256 of a model's safetensors files: the warm start's identity, whichever machine or workdir made it."""
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise SystemExit(f"{model_dir} holds no *.safetensors: not a warm start bench_speed.py can identify")
     digest = hashlib.sha256()
-    for file in sorted(Path(model_dir).glob("*.safetensors")):
-        digest.update(file.read_bytes())
+    for file in files:
+        with open(file, "rb") as stream:
+            for block in iter(lambda: stream.read(1 << 20), b""):
+                digest.update(block)
     return digest.hexdigest()
 
 
 def prepare(options, task, document, workdir, path):
     """The task's warm start (its SFT, made once per task config in ``workdir``) and, before the task's first run,
-    its held-out greedy accuracy and thresholds in ``document``. A warm start made anew for a task with recorded
-    runs (a fresh machine, another workdir) is taken only if it reproduces theirs: the same weights, or, for a
-    study recorded before their digest was kept, the same held-out greedy accuracy (the digest is then kept)."""
+    its held-out greedy accuracy and thresholds in ``document``. Once runs are recorded the warm start is theirs: one
+    found in ``workdir`` or made there anew (a fresh machine) is taken only with the same weights, or, for a task
+    recorded before their digest was kept, the same held-out greedy accuracy (the digest is then kept)."""
     config = pipeline.task_config(task, **task_overrides(options))
     if options.steps * options.prompts > config.n_prompts:  # the fresh regime's one pass
         raise SystemExit(f"--steps {options.steps} x --prompts {options.prompts} exceed {config.n_prompts} RL prompts")
@@ -241,27 +246,32 @@ def prepare(options, task, document, workdir, path):
     prepared, sft_seconds = bench_learning.prepare_task(task, options.precision, config, workdir, split)
     digest = weights_digest(prepared.sft_model)
     entry = document["tasks"].get(task)
-    if entry is None or (sft_seconds is not None and not recorded):
-        entry = document["tasks"][task] = dict(
-            task_config=dataclasses.asdict(config),
-            warm_start=warm_start_accuracy(options, task, prepared),
-            sft_digest=digest,
-            sft_seconds=sft_seconds,
-            date=time.strftime("%Y-%m-%d"),
-        )
-        entry["thresholds"] = thresholds(entry["warm_start"]["greedy"], options.fractions)
-        print(f"{task}: warm start held-out greedy {entry['warm_start']['greedy']:.3f}", flush=True)
+    if not recorded:  # a warm start other than the entry's, if any, replaces it: no run reads its thresholds yet
+        if entry is None or sft_seconds is not None or entry.get("sft_digest") != digest:
+            entry = document["tasks"][task] = dict(
+                task_config=dataclasses.asdict(config),
+                warm_start=warm_start_accuracy(options, task, prepared),
+                sft_seconds=sft_seconds,
+                date=time.strftime("%Y-%m-%d"),
+            )
+            entry["thresholds"] = thresholds(entry["warm_start"]["greedy"], options.fractions)
+            print(f"{task}: warm start held-out greedy {entry['warm_start']['greedy']:.3f}", flush=True)
+    elif entry is None:
+        raise SystemExit(f"{path} holds runs of {task} but not their warm start and thresholds: give another --out")
     else:
         reproduced = (
             entry["sft_digest"] == digest
             if "sft_digest" in entry
-            else sft_seconds is None or warm_start_accuracy(options, task, prepared) == entry["warm_start"]
+            else warm_start_accuracy(options, task, prepared) == entry["warm_start"]
         )
         if not reproduced:
             raise SystemExit(
-                f"{path} holds runs of {task} from another warm start than the one in {workdir} (made there anew, "
-                "it does not reproduce theirs): give the --workdir of those runs, or another --out"
+                f"{path} holds runs of {task} from another warm start than the one in {workdir} (found there or made "
+                "there anew, its weights or held-out accuracy differ): give the --workdir of those runs, or another "
+                "--out"
             )
+        if sft_seconds is not None:  # made again: its time counts in the study's duration
+            entry.setdefault("sft_remade", []).append(dict(date=time.strftime("%Y-%m-%d"), sft_seconds=sft_seconds))
     entry["sft_digest"] = digest
     save(document, path)
     return prepared

@@ -39,9 +39,8 @@ COLLAPSE = 0.1  # a run whose final greedy accuracy ends more than this below th
 REFERENCE_LR = 2e-4  # today's rate: GRPO's total wall time at it is the sweep's budget
 CLOCKS = ("step", "wall", "generated")
 BASELINES = ("GRPO", "GRPO+DF")
-# the generation level's arms (bench_learning.PARTS["speed"], and D3S+screen4+pilot-history, recorded before its flag
-# --d3s.pilot_history was removed) -> the arm each adds its level to: its ratios are taken to that arm too, and the
-# documents report them apart (RESULTS.md section 6)
+# the generation level's arms (bench_learning.PARTS["speed"], and the REMOVED_ARMS below) -> the arm each adds its
+# level to: its ratios are taken to that arm too, and the documents report them apart (RESULTS.md section 6)
 GENERATION_BASES = {
     "GRPO+screen": "GRPO",
     "D3S+history": "D3S",
@@ -49,6 +48,8 @@ GENERATION_BASES = {
     "D3S+screen8+history": "D3S",
     "D3S+screen4+pilot-history": "D3S",
 }
+# arms whose flag was removed after their runs were recorded -> that flag: reported, no longer run
+REMOVED_ARMS = {"D3S+screen4+pilot-history": "--d3s.pilot_history"}
 # an arm timed again at its chosen rate in a later batch (bench_speed.py --phases rerun) is reported as this arm,
 # beside the arms of that batch: the machine's speed drifted 10-25% between batches (2026-11-27)
 RERUN = " rerun"  # the suffix of such an arm's name

@@ -18,6 +18,7 @@ from .speed import (
     COLLAPSE,
     GENERATION_BASES,
     REFERENCE_LR,
+    REMOVED_ARMS,
     RERUN,
     arm_runs,
     run_key,
@@ -62,10 +63,10 @@ ARM_TEXT = {  # the arms of speed_study.json, in words
 STUDY_COMMAND = "`.venv/bin/python benchmarks/bench_speed.py --out benchmarks/results`"
 GENERATION_COMMAND = (
     "`.venv/bin/python benchmarks/bench_speed.py --out benchmarks/results --arms "
-    + " ".join(GENERATION_BASES)
-    + "` (`--tasks d3s_openrlhf.tasks.chainsum`; `--regimes passes` for D3S + history and pilot history, which act "
-    "only when prompts recur; pilot history's flag, and its arm, were removed after this study), and in the same "
-    "batch `--arms D3S --phases rerun` (`--arms GRPO D3S` with GRPO + screening)"
+    + " ".join(arm for arm in GENERATION_BASES if arm not in REMOVED_ARMS)
+    + "` (`--tasks d3s_openrlhf.tasks.chainsum`; `--regimes passes` for D3S + history, which acts only when prompts "
+    "recur), and in the same batch `--arms D3S --phases rerun` (`--arms GRPO --phases rerun` with GRPO + screening); "
+    + "; ".join(f"{arm} ran with `{flag}`, removed after this study" for arm, flag in REMOVED_ARMS.items())
 )
 
 
@@ -448,11 +449,12 @@ def speed_body(document, analyses, plots, heading="###", command=STUDY_COMMAND, 
     ``command``: the one that runs these arms; ``bases``: the arms of the ratio tables."""
     runs = document["runs"]
     protocol = document["protocol"]
-    dates = sorted({run["date"] for run in runs} | {t["date"] for t in document["tasks"].values()})
+    tasks = document["tasks"].values()
+    dates = sorted({run["date"] for run in runs} | {t["date"] for t in tasks})
     machines = sorted({run["machine"] for run in runs})
     minutes = (
         sum(run["process_seconds"] + run["eval_seconds"] for run in runs)
-        + sum(t["sft_seconds"] or 0.0 for t in document["tasks"].values())
+        + sum((t["sft_seconds"] or 0.0) + sum(r["sft_seconds"] for r in t.get("sft_remade", ())) for t in tasks)
     ) / 60
     seeds = sorted({run["seed"] for run in runs})
     lrs = sorted({run["lr"] for run in runs})

@@ -6,6 +6,7 @@ import hashlib
 import json
 import math
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -598,32 +599,66 @@ def test_the_runner_appends_each_run_and_resumes_where_it_stopped(tmp_path, laun
 
 def test_a_warm_start_made_anew_is_taken_only_if_it_reproduces_the_runs(tmp_path, launcher):
     """A fresh machine or another --workdir makes the SFT again: its runs go on where its weights are those of the
-    recorded runs (or, in a study recorded before the digest was kept, its held-out accuracy theirs)."""
+    recorded runs (or, in a study recorded before the digest was kept, its held-out accuracy theirs); the thresholds
+    stay the recorded ones."""
     import bench_speed
 
     argv = speed_argv(tmp_path, "--arms", "GRPO", "--sweep-seeds", "0", "--seeds", "--no-report")
     bench_speed.main(argv)
     path = tmp_path / "out" / "speed_study.json"
     task = "d3s_openrlhf.tasks.chainsum"
-    assert json.loads(path.read_text())["tasks"][task]["sft_digest"] == hashlib.sha256(b"sft weights").hexdigest()
+    recorded = json.loads(path.read_text())["tasks"][task]
+    assert recorded["sft_digest"] == hashlib.sha256(b"sft weights").hexdigest()
     bench_speed.main([*argv, "--workdir", str(tmp_path / "again"), "--lrs", "2.5e-5", "2e-4"])  # the same weights
-    assert launcher.warm_starts == 1 and len(json.loads(path.read_text())["runs"]) == 4
+    document = json.loads(path.read_text())
+    assert launcher.warm_starts == 1 and len(document["runs"]) == 4
+    assert document["tasks"][task]["thresholds"] == recorded["thresholds"]
+    assert document["tasks"][task]["sft_remade"] == [dict(date=time.strftime("%Y-%m-%d"), sft_seconds=1.0)]
     launcher.weights = b"other weights"
-    with pytest.raises(SystemExit, match="from another warm start than the one in .*elsewhere.*does not reproduce"):
+    with pytest.raises(SystemExit, match="from another warm start than the one in .*elsewhere.*differ"):
+        bench_speed.main([*argv, "--workdir", str(tmp_path / "elsewhere")])
+    with pytest.raises(SystemExit, match="differ"):  # found there the second time: refused all the same
         bench_speed.main([*argv, "--workdir", str(tmp_path / "elsewhere")])
 
     document = json.loads(path.read_text())
     del document["tasks"][task]["sft_digest"]  # a study recorded before the digest: the accuracy decides
     path.write_text(json.dumps(document))
     launcher.greedy = 0.2
-    with pytest.raises(SystemExit, match="does not reproduce"):
-        bench_speed.main([*argv, "--workdir", str(tmp_path / "third")])
+    for _ in range(2):  # made, then found: evaluated both times
+        with pytest.raises(SystemExit, match="differ"):
+            bench_speed.main([*argv, "--workdir", str(tmp_path / "third")])
     launcher.greedy = 0.1
     bench_speed.main([*argv, "--workdir", str(tmp_path / "fourth")])
     entry = json.loads(path.read_text())["tasks"][task]
-    assert entry["sft_digest"] == hashlib.sha256(b"other weights").hexdigest() and entry["warm_start"] == {
-        "greedy": 0.1
-    }
+    assert entry["sft_digest"] == hashlib.sha256(b"other weights").hexdigest()
+    assert entry["warm_start"] == {"greedy": 0.1} and entry["thresholds"] == recorded["thresholds"]
+
+    del document["tasks"][task]  # runs without their warm start and thresholds
+    path.write_text(json.dumps(document))
+    with pytest.raises(SystemExit, match="not their warm start and thresholds"):
+        bench_speed.main(argv)
+
+
+def test_before_the_first_run_another_warm_start_replaces_the_recorded_one(tmp_path, launcher):
+    """No run reads the thresholds yet: a warm start made anew, or found changed in the workdir, is evaluated and
+    sets them; one found unchanged is not evaluated again."""
+    import bench_speed
+
+    argv = speed_argv(tmp_path, "--arms", "GRPO", "--phases", "study", "--seeds", "--no-report")
+    path, task = tmp_path / "out" / "speed_study.json", "d3s_openrlhf.tasks.chainsum"
+    bench_speed.main(argv)
+    bench_speed.main(argv)
+    assert launcher.warm_starts == 1 and json.loads(path.read_text())["runs"] == []
+    (weights,) = (tmp_path / "runs").rglob("model.safetensors")
+    weights.write_bytes(b"changed")
+    launcher.greedy = 0.5
+    bench_speed.main(argv)
+    entry = json.loads(path.read_text())["tasks"][task]
+    assert launcher.warm_starts == 2 and entry["sft_digest"] == hashlib.sha256(b"changed").hexdigest()
+    assert entry["thresholds"] == pytest.approx([0.625, 0.75, 0.875])
+    launcher.weights = b"new"
+    bench_speed.main([*argv, "--workdir", str(tmp_path / "fresh")])
+    assert launcher.warm_starts == 3 and "sft_remade" not in json.loads(path.read_text())["tasks"][task]
 
 
 def test_a_run_stopped_at_the_cap_is_kept_and_reported(tmp_path, launcher):
