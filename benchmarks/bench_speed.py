@@ -46,7 +46,7 @@ The protocol (the analysis: ``benchmarks/reporting/speed.py``):
   ``rerun``, logs under ``WORKDIR/<task>/rerun``), once per arm and seed. The report shows the reruns of GRPO and D3S
   beside the generation level's arms of the same task and regime (section 6, as ``D3S rerun``; no part in the
   choice), which run in a later batch than the study: ``--arms D3S --phases rerun --rerun-seeds 0 1`` before them
-  and ``2 3`` after (``--arms GRPO D3S`` with GRPO + screening; 2026-11-27).
+  and ``2 3`` after (``--arms GRPO`` around GRPO + screening; 2026-11-27/28).
 
 Cost on 2 CPU cores (measured 2026-11-27): a run with its 16 evaluations takes 2.5 to 4 minutes (chainsum; 3.3 on
 average) and 3.5 to 3.7 (chainsum_tens), about 45 s of it starting Ray, the actors and vLLM; each task's SFT warm

@@ -261,10 +261,11 @@ class D3SSamplesGenerator(SamplesGenerator):
         self._decisions = [0, 0]
         samples, pass_rate, consumed, exhausted = super().generate_samples(**generate_kwargs)
         rejected, joined = self._decisions
-        if pass_rate is not None and rejected + joined:
+        if self.args.algo.dynamic_filtering_enable and rejected + joined:
             # upstream's rate is 100 x samples accepted / prompts consumed: G times a share, skipped prompts and the
-            # groups of pilots carried from the batch before miscounted; logged instead: the share (%) of the
-            # prompts decided in the step (screened out, filtered, or joined the batch) whose group joined it
+            # groups of pilots carried from the batch before miscounted (None for a batch they fill alone: no prompt
+            # consumed); logged instead: the share (%) of the prompts decided in the step (screened out, filtered,
+            # or joined the batch) whose group joined it
             pass_rate = 100.0 * joined / (rejected + joined)
         counts = dict(self._counts)
         # a call without samples trains no step and logs nothing: its counts go to the next step that does

@@ -6,8 +6,9 @@ by exact match, and logs each scored rollout so that the test can count what was
 Every mode of the issue's list runs once with screening: sync (D3S + screening + history, several passes), async
 with dynamic filtering, dynamic batching on a two-node Ray cluster (two ZeRO-3 ranks, two vLLM engines), a
 checkpoint resume (also one of history alone, and one from the best checkpoint of an evaluation, sync and async),
-and a multi-turn agent; the reward always comes at generation time (``--reward.remote_url`` with a reward file, or
-the agent)."""
+and a multi-turn agent; and a run that can never fill a batch (a reward that never varies, under pilots or under
+upstream's filter) stops with the stall rule's message. The reward always comes at generation time
+(``--reward.remote_url`` with a reward file, or the agent)."""
 
 import dataclasses
 from pathlib import Path
@@ -211,3 +212,26 @@ def test_a_multi_turn_agent_is_screened_by_its_final_rewards(toy_sft, run_pipeli
     for step, values in run.steps.items():
         assert values["agent_turns"] == 2, (step, values.get("agent_turns"))
         assert values["d3s/zero_var_groups"] == 0, step
+
+
+@pytest.mark.parametrize("screening", [True, False], ids=["pilots", "dynamic-filtering"])
+def test_a_run_that_can_never_fill_stops_with_the_flags_to_change(screening, toy_sft, run_pipeline, tmp_path):
+    """A reward that never varies (every rollout 0): every pilot is flat, or every group falls outside upstream's
+    dynamic filtering range, so no batch can fill. The real pipeline must stop, not generate for ever: the samples
+    generator's stall rule raises once --d3s.stall_passes passes over the prompts went by without a group joining,
+    the error reaches the launcher's exit code and log with the flags to change, and no process outlives the run."""
+    name = "pilots" if screening else "filtering"
+    reward, log = reward_file(tmp_path, name, mixed="0.0")
+    Path(reward).write_text(Path(reward).read_text().replace("1.0 if easy else 0.0", "0.0"))  # easy ones too
+    level = (
+        SCREEN if screening else ["--algo.dynamic_filtering_enable", "--algo.dynamic_filtering_range", "0.05", "0.95"]
+    )
+    config = dataclasses.replace(BASE, reward=reward, extra=D3S + level + ["--d3s.stall_passes", "1"])
+    run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, name, config), name=name)
+    assert isinstance(run.returncode, int) and run.returncode != 0, f"exit {run.returncode}\n{run.tail()}"
+    text = Path(run.log).read_text()
+    assert f"the last {PROMPTS} prompts generated (1 passes over the prompts, --d3s.stall_passes)" in text, run.tail()
+    assert "--d3s.pilot_rollouts" in text and not run.steps  # the message names the flags; no step trained
+    assert not run.leftovers, f"processes outlived the run: {run.leftovers}"
+    counts, _ = scored(log)
+    assert len(counts) == PROMPTS  # every prompt generated in the one pass the rule allows

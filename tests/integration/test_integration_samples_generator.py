@@ -315,6 +315,18 @@ def test_the_pass_rate_is_the_share_of_prompts_generated_whose_group_passed(d3s)
     assert carried or "pilot_rollouts" not in d3s  # the screened run carried pilots into later batches
 
 
+def test_a_batch_filled_by_carried_pilots_logs_its_pass_rate():
+    """A batch that the pilots carried from the last one fill consumes no new prompt, so upstream's rate is None
+    (it divides by prompts consumed); the prompts decided in the step are those carried groups, all joined: 100%.
+    (The test above meets such a batch only when the pilots happen to return in that order.)"""
+    generator = make(*FILTER, prompt_skip="off", pilot_rollouts=K)
+    for i in range(1, 2 * B, 2):  # B mixed prompts whose pilots passed after the last batch was full
+        generator._carried.append((("src", f"p{i}", f"l{i}", None), responses(f"p{i}", f"l{i}", K)))
+    samples, rate, consumed, _ = generator.generate_samples(max_len=64)
+    assert len(samples) == B * G and consumed == 0 and not generator._carried
+    assert rate == 100.0 and generator.last_metrics["d3s/pilots"] == 0
+
+
 def test_steps_served_from_the_sample_buffer_log_no_second_copy_of_the_counts():
     generator = make("--rollout.vllm_generate_batch_size", str(2 * B), prompt_skip="off", pilot_rollouts=K)
     first, second = run(generator, steps=2)
