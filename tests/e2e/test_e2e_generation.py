@@ -216,13 +216,13 @@ def test_a_multi_turn_agent_is_screened_by_its_final_rewards(toy_sft, run_pipeli
 
 @pytest.mark.parametrize("screening", [True, False], ids=["pilots", "dynamic-filtering"])
 def test_a_run_that_can_never_fill_stops_with_the_flags_to_change(screening, toy_sft, run_pipeline, tmp_path):
-    """A reward that never varies (every rollout 0): every pilot is flat, or every group falls outside upstream's
-    dynamic filtering range, so no batch can fill. The real pipeline must stop, not generate for ever: the samples
-    generator's stall rule raises once --d3s.stall_passes passes over the prompts went by without a group joining,
-    the error reaches the launcher's exit code and log with the flags to change, and no process outlives the run."""
+    """A reward that never varies within a prompt (1 for an easy prompt, 0 for the others): every pilot is flat, or
+    every group falls outside upstream's dynamic filtering range, so no batch can fill. The real pipeline must stop,
+    not generate for ever: the samples generator's stall rule raises once --d3s.stall_passes passes over the prompts
+    went by without a group joining, the error reaches the launcher's exit code and log with the flags to change,
+    and no process outlives the run."""
     name = "pilots" if screening else "filtering"
     reward, log = reward_file(tmp_path, name, mixed="0.0")
-    Path(reward).write_text(Path(reward).read_text().replace("1.0 if easy else 0.0", "0.0"))  # easy ones too
     level = (
         SCREEN if screening else ["--algo.dynamic_filtering_enable", "--algo.dynamic_filtering_range", "0.05", "0.95"]
     )
