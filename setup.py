@@ -14,7 +14,7 @@ EXTRAS = {
     "cpu": OPENRLHF + CPU,
     "math": ["math-verify>=0.7"],  # rewards/math_reward.py
     "data": ["datasets", "pyarrow"],  # data/prepare.py
-    "test": ["pytest", "hypothesis", "scipy", "ruff"],  # ruff: the linter tests/run.sh runs
+    "test": ["pytest", "pytest-timeout", "hypothesis", "scipy", "ruff"],  # ruff: the linter tests/run.sh runs
 }
 
 setup(

@@ -2,6 +2,9 @@
 suite, end-to-end and launch-script smoke, starts from it). ``peak_memory``: peak CPU memory allocated while a
 function runs, from torch's own allocator events (``benchmarks/memory_probe.py``, the benchmarks' probe).
 ``device`` and ``generator_device``: every device a test runs on (CUDA marked ``cuda``, skipped where there is none).
+
+Time limits (pytest-timeout): setup.cfg's ``timeout`` for every test; :data:`E2E_TIMEOUT_S` for the end-to-end
+tests, unless a test sets its own ``@pytest.mark.timeout``. A hang then fails one test, not the whole run.
 """
 
 import sys
@@ -13,6 +16,17 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from memory_probe import peak_allocated_bytes  # noqa: E402
+
+
+# the first end-to-end test also pays for the session's SFT warm start (2-8 min on 2 cores, by the machine's load);
+# a test of two runs of ~1-3 min each fits twice over
+E2E_TIMEOUT_S = 1200
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.get_closest_marker("e2e") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(E2E_TIMEOUT_S))
 
 
 @pytest.fixture(scope="session")

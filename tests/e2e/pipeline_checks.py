@@ -3,9 +3,13 @@ kept counts and of the training-time evaluation. Imported by name (``import pipe
 puts this directory on the path, tests/ being no package (OpenRLHF's wheel installs a top-level ``tests``)."""
 
 import math
+import os
+import shutil
+import subprocess
 from fractions import Fraction
 from pathlib import Path
 
+import openrlhf
 import pytest
 
 from d3s_openrlhf.core.batching import kept_unit, legal_kept_count
@@ -96,3 +100,13 @@ def assert_pass_at_k_logged(tmp_path, name, n=4):
     # the addition reward is 0/1: pass@1 is upstream's mean reward, pass@n upstream's "any of n"
     assert passes[0] == pytest.approx(values["eval_default_pass1"], abs=1e-5)
     assert passes[2] == pytest.approx(values[f"eval_default_pass{n}"], abs=1e-5)
+
+
+def patched_upstream_env(tmp_path):
+    """The environment of a run through OpenRLHF's own entrypoint patched by ``patches/apply.sh`` (the fork path):
+    a patched copy of the installed openrlhf first on ``PYTHONPATH``, which the Ray head and its workers inherit."""
+    fork = tmp_path / "fork"
+    shutil.copytree(Path(openrlhf.__file__).parent, fork / "openrlhf", ignore=shutil.ignore_patterns("*.pyc"))
+    applied = subprocess.run(["bash", str(REPO / "patches" / "apply.sh"), str(fork)], capture_output=True, text=True)
+    assert applied.returncode == 0, applied.stderr
+    return {"PYTHONPATH": os.pathsep.join([str(fork), str(REPO)])}

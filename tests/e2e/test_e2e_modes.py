@@ -1,6 +1,7 @@
-"""Real ``train_ppo_ray`` runs of the modes GPU users switch on for speed, with D3S, on the CPU runtime: sample
-packing (flash-attention 2 on the CPU stand-in), dynamic batching, DAPO-style dynamic filtering and a
-multi-turn agent. Same per-step assertions as tests/e2e/test_e2e_pipeline.py."""
+"""Real ``train_ppo_ray`` runs of the modes GPU users switch on for speed, with D3S, on the CPU runtime: dynamic
+batching (which packs samples: flash-attention 2 on the CPU stand-in; intra scope on a two-node Ray cluster),
+DAPO-style dynamic filtering, the chunked-logits forwards (PODS with GSPO among them) and a multi-turn agent.
+Same per-step assertions as tests/e2e/test_e2e_pipeline.py."""
 
 import dataclasses
 import json
@@ -15,21 +16,13 @@ import pytest
 from d3s_openrlhf.core.batching import kept_unit, legal_kept_count
 from d3s_openrlhf.core.config import D3SConfig
 from d3s_openrlhf.testbed import pipeline
+from d3s_openrlhf.testbed.ray_cluster import Cluster
 
 pytestmark = pytest.mark.e2e
 
 BASE, STEPS = helpers.BASE, helpers.STEPS
 CROSS, ppo_args = helpers.CROSS, helpers.ppo_args
 TOY_AGENT = str(Path(pipeline.__file__).with_name("toy_agent.py"))
-
-
-def test_packing_cross_scope(toy_sft, run_pipeline, assert_clean_run, tmp_path):
-    # --ds.packing_samples forces flash_attention_2: upstream's default attention, served by the CPU stand-in
-    packing = ["--ds.packing_samples", "--ds.attn_implementation", "flash_attention_2"]
-    config = dataclasses.replace(BASE, extra=helpers.d3s_flags(**CROSS) + packing)
-    run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "packing", config), name="packing")
-    assert_clean_run(run, range(1, STEPS + 1))
-    helpers.assert_kept_counts(run, helpers.expected_schedule(CROSS, config, STEPS))
 
 
 # ── dynamic batching ──
@@ -124,11 +117,19 @@ def reward_func(queries, prompts, labels, **kwargs):
 """
 
 
-@pytest.mark.parametrize("fields", [CROSS, INTRA], ids=["cross", "intra"])
-def test_dynamic_batching_two_ranks_zero3(fields, toy_sft, run_pipeline, assert_clean_run, tmp_path):
+@pytest.mark.parametrize("fields, nodes", [(CROSS, 1), (INTRA, 2)], ids=["cross", "intra-two-nodes"])
+def test_dynamic_batching_two_ranks_zero3(
+    fields, nodes, toy_sft, run_pipeline, assert_clean_run, tmp_path, monkeypatch
+):
+    """Two ZeRO-3 ranks under dynamic batching, the kept-token normalisers of every optimizer step checked. Intra
+    runs on a Ray cluster of two nodes (nothing may assume one node): a rank and a vLLM engine on each."""
     # dynamic batching forces packing (and flash_attention_2 over the eager default of ppo_args); 48 tokens per
     # micro-batch of sequences up to 16 tokens: several micro-batches per optimizer step
     dynamic = ["--train.dynamic_batch_enable", "--train.max_tokens_per_gpu", "48", "--rollout.max_tokens_per_gpu", "48"]
+    layout = []
+    if nodes == 2:
+        layout = ["--actor.num_nodes", "2", "--actor.num_gpus_per_node", "1", "--ref.num_nodes", "2"]
+        layout += ["--ref.num_gpus_per_node", "1", "--vllm.num_engines", "2"]
     reward = tmp_path / "distinct_reward.py"
     reward.write_text(DISTINCT_REWARD)
     config = dataclasses.replace(
@@ -137,11 +138,25 @@ def test_dynamic_batching_two_ranks_zero3(fields, toy_sft, run_pipeline, assert_
         zero_stage=3,
         micro_batch_size=8,
         reward=str(reward),
-        extra=helpers.d3s_flags(**fields) + dynamic,
+        extra=helpers.d3s_flags(**fields) + dynamic + layout,
     )
     probe_dir, env = probe_env(tmp_path)
     name = f"dynamic_{fields['sample_scope']}"
-    run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, name, config), name=name, env=env)
+    args = ppo_args(toy_sft, tmp_path, name, config)
+    if nodes == 1:
+        run = run_pipeline(pipeline.D3S_ENTRYPOINT, args, name=name, env=env)
+    else:
+        for key, value in env.items():  # the cluster's processes, not the driver, start the Ray workers
+            monkeypatch.setenv(key, value)
+        with (
+            open(tmp_path / "cluster.log", "w") as log,
+            # the actor's 2 GPUs and the engines' 2 take all 4 of the two nodes' GPUs: the run spans both nodes
+            Cluster(nodes=2, gpus_per_node=2, log=log) as cluster,
+        ):
+            # the driver joins the cluster in Ray's single-machine mode, as its nodes run (every address 127.0.0.1)
+            env = {"RAY_ADDRESS": cluster.gcs_address, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+            run = run_pipeline(pipeline.D3S_ENTRYPOINT, args, name=name, env=env)
+        assert not cluster.leftovers, cluster.leftovers
     assert_clean_run(run, range(1, STEPS + 1))
     # with dynamic batching the kept-count unit is lcm(train batch, DP) = 16, as without it here
     assert kept_unit(16, 8, 2, True) == kept_unit(16, 8, 2, False)
@@ -187,27 +202,30 @@ def test_dynamic_filtering_trains_the_fixed_steps(toy_sft, run_pipeline, assert_
 KL_AND_ENTROPY = ["--algo.kl.use_loss", "--actor.entropy_coef", "0.01"]
 
 
+PODS = dict(preset="pods", n_init=4, n_final=4)  # intra, max-variance on rewards, advantages over the kept 4 of 8
+
+
 @pytest.mark.parametrize(
-    "flags, said",
+    "fields, flags, said",
     [
-        (helpers.d3s_flags(**CROSS) + KL_AND_ENTROPY, "every action token (--algo.kl.use_loss"),
+        (CROSS, KL_AND_ENTROPY, "every action token (--algo.kl.use_loss"),
         (
-            helpers.d3s_flags(preset="pods", n_init=4, n_final=4)
-            + ["--d3s.chunked_logits", "--actor.policy_loss_type", "gspo"]
-            + KL_AND_ENTROPY,
+            PODS,
+            ["--d3s.chunked_logits", "--actor.policy_loss_type", "gspo"] + KL_AND_ENTROPY,
             "every action token (--actor.policy_loss_type gspo",
         ),
     ],
     ids=["k-below-1-kl-entropy", "chunked-logits-pods-gspo-kl-entropy"],
 )
 def test_losses_reading_every_token_train_with_chunked_logits(
-    flags, said, toy_sft, run_pipeline, assert_clean_run, tmp_path
+    fields, flags, said, toy_sft, run_pipeline, assert_clean_run, tmp_path
 ):
     # the paper-scale scripts' loss (KL loss, K < 1) and, with --d3s.chunked_logits, PODS at K = 1 with GSPO: the
     # training forward scores every action token from the hidden states (the actor says so once)
-    config = dataclasses.replace(BASE, kl_coef=0.01, extra=flags)
+    config = dataclasses.replace(BASE, kl_coef=0.01, extra=helpers.d3s_flags(**fields) + flags)
     run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "every_token", config), name="every_token")
     assert_clean_run(run, range(1, STEPS + 1))
+    helpers.assert_kept_counts(run, helpers.expected_schedule(fields, config, STEPS))
     log = Path(run.log).read_text(errors="replace")
     assert f"[d3s] training forward with chunked logits: log-probs at {said}" in log, run.tail()
     assert "with full logits (" not in log

@@ -5,33 +5,31 @@ its (N, K) asks for, that the loss is finite and the gradient non-zero, that the
 no process of the run outlived it.
 
 A run costs about a minute, nearly all of it start-up, so each run covers several things: cross scope with
-token selection on one rank runs in the checkpoint test (first run), the fork path and async mode; two ranks
-under ZeRO-3 in the all-equal-rewards test and in test_e2e_modes.py's dynamic-batching runs (cross and
-intra); intra scope in the PODS test and that intra run; GSPO in the gspo_d3s launch-script smoke run
-(tests/examples/test_examples_smoke.py). The baseline (D3S off, sync) and async runs also evaluate on held-out
-prompts and check the unbiased eval/<datasource>/pass@k beside upstream's metrics.
+token selection on one rank, sample packing and a checkpoint resume in the checkpoint test; async mode, the
+training-time evaluation and the fork path (upstream's entrypoint patched) in one run; two ranks under ZeRO-3 in
+the all-equal-rewards test and in test_e2e_modes.py's dynamic-batching runs (cross, and intra on two nodes);
+PODS (intra scope, advantages over the subset) with GSPO in test_e2e_modes.py's chunked-logits run; GSPO from a
+launch script in the gspo_d3s smoke run (tests/examples/test_examples_smoke.py). The baseline (D3S off, sync) and
+the async run also evaluate on held-out prompts and check the unbiased eval/<datasource>/pass@k beside upstream's
+metrics.
 """
 
 import dataclasses
 import os
-import shutil
-import subprocess
-from pathlib import Path
 
-import openrlhf
 import pytest
 from pipeline_checks import (
     BASE,
     CROSS,
     GROUP,
     PROMPTS,
-    REPO,
     STEPS,
     assert_kept_counts,
     assert_pass_at_k_logged,
     d3s_flags,
     eval_flags,
     expected_schedule,
+    patched_upstream_env,
     ppo_args,
 )
 
@@ -51,15 +49,6 @@ def test_baseline_d3s_off(toy_sft, run_pipeline, assert_clean_run, tmp_path):
         assert values["rollout/num_samples"] == PROMPTS * GROUP, step
         assert not [key for key in values if key.startswith("d3s/")], f"D3S metrics with D3S off at step {step}"
     assert_pass_at_k_logged(tmp_path, "baseline")
-
-
-def test_pods_preset(toy_sft, run_pipeline, assert_clean_run, tmp_path):
-    # PODS: intra-group max-variance on rewards, advantages over the kept subset, fixed m (here 4 of n = 8)
-    fields = dict(preset="pods", n_init=4, n_final=4)
-    config = dataclasses.replace(BASE, extra=d3s_flags(**fields))
-    run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "pods", config), name="pods")
-    assert_clean_run(run, range(1, STEPS + 1))
-    assert_kept_counts(run, expected_schedule(fields, config, STEPS))
 
 
 def test_all_equal_rewards_on_two_ranks_keep_the_loss_finite(toy_sft, run_pipeline, assert_clean_run, tmp_path):
@@ -89,20 +78,13 @@ def test_all_equal_rewards_on_two_ranks_keep_the_loss_finite(toy_sft, run_pipeli
         assert values["d3s/zero_var_groups"] == PROMPTS, step
 
 
-def test_async_mode(toy_sft, run_pipeline, assert_clean_run, tmp_path):
-    # generation overlaps training; selection, token mask and schedule run in the training actor; with the
-    # training-time evaluation (the async generator actor)
-    config = dataclasses.replace(BASE, extra=d3s_flags(**CROSS) + ["--train.async_enable"] + eval_flags(toy_sft))
-    run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "async", config), name="async")
-    assert_clean_run(run, range(1, STEPS + 1))
-    assert_kept_counts(run, expected_schedule(CROSS, config, STEPS))
-    assert_pass_at_k_logged(tmp_path, "async")
-
-
-def test_checkpoint_resume_continues_schedule(toy_sft, run_pipeline, assert_clean_run, tmp_path):
-    """Run 2 of 4 scheduled steps with a checkpoint, then resume with the data for 4: steps 3-4 follow on."""
+def test_checkpoint_resume_continues_schedule_with_packing(toy_sft, run_pipeline, assert_clean_run, tmp_path):
+    """Run 2 of 4 scheduled steps with a checkpoint, then resume with the data for 4: steps 3-4 follow on. Both
+    runs pack samples (--ds.packing_samples forces flash_attention_2: upstream's default attention, served by the
+    CPU stand-in)."""
     fields = dict(CROSS, schedule_steps=4)
-    checkpoint_flags = ["--ckpt.save_steps", "2", "--ckpt.path", str(tmp_path / "checkpoints")]
+    packing = ["--ds.packing_samples", "--ds.attn_implementation", "flash_attention_2"]
+    checkpoint_flags = packing + ["--ckpt.save_steps", "2", "--ckpt.path", str(tmp_path / "checkpoints")]
     first = dataclasses.replace(BASE, steps=2, extra=d3s_flags(**fields) + checkpoint_flags)
     run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "first", first), name="first")
     assert_clean_run(run, [1, 2])
@@ -115,17 +97,14 @@ def test_checkpoint_resume_continues_schedule(toy_sft, run_pipeline, assert_clea
     assert_kept_counts(run, expected_schedule(fields, resumed, 4, first_step=3))
 
 
-def test_patched_upstream_entrypoint(toy_sft, run_pipeline, assert_clean_run, tmp_path):
-    """The fork path: OpenRLHF's own ``python -m openrlhf.cli.train_ppo_ray --d3s.*`` from a patched copy."""
-    fork = tmp_path / "fork"
-    shutil.copytree(Path(openrlhf.__file__).parent, fork / "openrlhf", ignore=shutil.ignore_patterns("*.pyc"))
-    applied = subprocess.run(["bash", str(REPO / "patches" / "apply.sh"), str(fork)], capture_output=True, text=True)
-    assert applied.returncode == 0, applied.stderr
-    # the Ray head and its workers inherit PYTHONPATH: every process imports the patched copy
-    env = {"PYTHONPATH": os.pathsep.join([str(fork), str(REPO)])}
-
-    config = dataclasses.replace(BASE, extra=d3s_flags(**CROSS))
-    args = ppo_args(toy_sft, tmp_path, "fork", config)
-    run = run_pipeline("openrlhf.cli.train_ppo_ray", args, name="fork", env_flag=True, env=env)
+def test_async_mode_through_the_patched_upstream_entrypoint(toy_sft, run_pipeline, assert_clean_run, tmp_path):
+    """The fork path: OpenRLHF's own ``python -m openrlhf.cli.train_ppo_ray --d3s.*`` from a patched copy, in async
+    mode (generation overlaps training; selection, token mask and schedule run in the training actor), with the
+    training-time evaluation (the async generator actor)."""
+    env = patched_upstream_env(tmp_path)
+    config = dataclasses.replace(BASE, extra=d3s_flags(**CROSS) + ["--train.async_enable"] + eval_flags(toy_sft))
+    args = ppo_args(toy_sft, tmp_path, "async", config)
+    run = run_pipeline("openrlhf.cli.train_ppo_ray", args, name="async", env_flag=True, env=env)
     assert_clean_run(run, range(1, STEPS + 1))
     assert_kept_counts(run, expected_schedule(CROSS, config, STEPS))  # unpatched, upstream rejects --d3s.*
+    assert_pass_at_k_logged(tmp_path, "async")
