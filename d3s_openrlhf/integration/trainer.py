@@ -7,8 +7,9 @@ once the entrypoint has swapped them in).
 Every training step (``train_step``, shared by both modes through ``D3STrainerMixin``):
 
 * (N, K) = ``DownSamplingSchedule.at(global_step)``; the horizon is ``--d3s.schedule_steps`` or else the run's
-  number of rollout steps, ceil(prompts / rollout.batch_size) * num_episodes. The global step is the one
-  OpenRLHF restores from its checkpoint, so a resumed run continues the schedule where it stopped.
+  number of rollout steps R, ceil(prompts / rollout.batch_size) * num_episodes, so the run's last step (global
+  step R - 1) trains the final point. The global step is the one OpenRLHF restores from its checkpoint, so a
+  resumed run continues the schedule where it stopped.
 * The ``d3s/*`` metrics of the experience maker are merged into the step's status, which OpenRLHF prints and
   hands to its wandb / tensorboard loggers.
 * The rollout statistics (``rollout/*``) still describe all generated rollouts, not only the kept ones.
