@@ -766,7 +766,7 @@ def test_trainer_step_sets_schedule_logs_metrics_and_updates_kl_with_kept_count(
     status, next_step = trainer.train_step(make_rollouts(REWARDS), 0)
     assert next_step == 1
     assert (status["d3s/n"], status["d3s/k"], status["d3s/kept_rollouts"]) == (1.0, 0.25, 4.0)
-    assert status["rollout/num_samples"] == 16.0  # rollout statistics describe everything generated
+    assert status["rollout/num_samples"] == 16.0  # rollout statistics describe all B*G rollouts of the batch
     assert status["rollout/reward_mean"] == pytest.approx(sum(sum(r) for r in REWARDS) / 16)
     assert status["policy_loss"] == 0.25 and "d3s/entropy_kept" in status
     # AdaptiveKLController.update(current=0.5, n_steps=trained rollouts): error clipped to 0.2, horizon 1000
