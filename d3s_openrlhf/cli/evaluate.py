@@ -6,8 +6,9 @@
 Writes ``--out``/samples.jsonl (one line per sample, as prompts complete), results.json (pass@k per benchmark and
 their average, per model) and results.md (one row per model, benchmarks as columns). Rerunning the same command
 continues where it stopped; other settings into the same --out are refused, and so is data whose rows are not the
-ones its samples answer. A sample is correct iff its reward is >= 1 - 1e-6 (reward 1 correct, 0 wrong, partial
-credit wrong); a reward that raises or is not finite stops the run naming the prompt. See docs/reproducing.md,
+ones its samples answer; a model whose files changed (a checkpoint saved over in place) is generated again. A
+sample is correct iff its reward is >= 1 - 1e-6 (reward 1 correct, 0 wrong, partial credit wrong); a reward that
+raises or is not finite stops the run naming the prompt. See docs/reproducing.md,
 "Evaluate checkpoints: the papers' table".
 """
 
@@ -85,16 +86,23 @@ def main(argv=None):
         rows = inputs.check_arguments(options)
         reward_func = inputs.load_reward_func(options.reward)
         inputs.claim_output_dir(options.out, inputs.sample_settings(options))
-        complete = samples.resume(options.out, options.n + int(options.greedy), rows)
+        digests = {inputs.model_key(model): inputs.model_digest(model) for model in options.model}
+        complete, stale = samples.resume(options.out, options.n + int(options.greedy), rows, digests)
     except ValueError as error:
         print(f"python -m d3s_openrlhf.cli.evaluate: error: {error}", file=sys.stderr)
         raise SystemExit(2) from error
+    for model, prompts in stale.items():
+        print(
+            f"python -m d3s_openrlhf.cli.evaluate: --model {model}: its files changed since {prompts} prompts were "
+            f"generated into {options.out} (a checkpoint saved over in place?); generating them again",
+            file=sys.stderr,
+        )
 
     from d3s_openrlhf.evaluation.generate import EvaluationError
     from d3s_openrlhf.evaluation.runner import evaluate
 
     try:
-        evaluate(options, rows, reward_func, complete)
+        evaluate(options, rows, reward_func, complete, digests)
     except EvaluationError as error:
         print(
             f"python -m d3s_openrlhf.cli.evaluate: stopped: {error} (samples so far kept in {options.out})",

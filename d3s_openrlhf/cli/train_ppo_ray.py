@@ -60,16 +60,20 @@ def format_plan(config: D3SConfig, plan: Optional[D3SPlan], host_args=None, poin
         f"host batch: B = {plan.num_prompts} prompts x G = {plan.group_size} rollouts = {plan.total}; "
         f"data-parallel size {plan.dp_size}; kept counts are multiples of {plan.unit}"
     )
+    # the points are steps the run trains (global steps 0 .. S - 1, logged as 1 .. S), its first and last among them
     if config.schedule_steps > 0:
         schedule = config.schedule_for(config.schedule_steps)
-        steps = sorted({round(i * config.schedule_steps / points) for i in range(points + 1)})
-        lines.append(f"schedule ({config.schedule}) over --d3s.schedule_steps {config.schedule_steps}:")
-        labels = [f"step {step:>6}" for step in steps]
+        steps = sorted({round(i * schedule.last_step / points) for i in range(points + 1)})
+        lines.append(
+            f"schedule ({config.schedule}) over --d3s.schedule_steps {config.schedule_steps}, "
+            f"steps 1 .. {config.schedule_steps} as logged:"
+        )
+        labels = [f"step {step + 1:>6}" for step in steps]
     else:
-        schedule = config.schedule_for(points)
+        schedule = config.schedule_for(points + 1)
         steps = list(range(points + 1))
         lines.append(f"schedule ({config.schedule}) over the run's rollout steps (shown at training progress p):")
-        labels = [f"p = {step / points:.2f}" for step in steps]
+        labels = [f"p = {schedule.progress(step):.2f}" for step in steps]
     for label, step in zip(labels, steps):
         n, k = schedule.at(step)
         if config.samples_enabled:

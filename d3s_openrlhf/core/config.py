@@ -159,11 +159,13 @@ class D3SConfig:
     )
     schedule_steps: int = _option(
         0,
-        "steps over which p goes from 0 to 1 (p = min(step / schedule_steps, 1)); 0 = the run's number of "
-        "rollout steps. With prompt skipping or screening (--d3s.prompt_skip, --d3s.pilot_rollouts) it is required, "
-        "and with them or with --algo.dynamic_filtering_enable the run trains exactly this many steps, cycling over "
-        "the prompts as often as it takes. Refused with D3S off, where nothing reads it (upstream's run trains its "
-        "own passes, dynamic filtering included): turn D3S on, e.g. with --d3s.chunked_logits",
+        "S, the steps over which p goes from 0 to 1: p = min(step / (S - 1), 1) at the 0-based step, so the first "
+        "step trains the init values and step S - 1 (logged as step S) the final ones (S = 1: the final ones); "
+        "0 = the run's number of rollout steps. With prompt skipping or screening (--d3s.prompt_skip, "
+        "--d3s.pilot_rollouts) it is required, and with them or with --algo.dynamic_filtering_enable the run trains "
+        "exactly this many steps, cycling over the prompts as often as it takes. Refused with D3S off, where nothing "
+        "reads it (upstream's run trains its own passes, dynamic filtering included): turn D3S on, e.g. with "
+        "--d3s.chunked_logits",
         int,
     )
     token_scope: str = _option(

@@ -1,13 +1,18 @@
 """The dynamic (N, K) down-sampling schedule of D3S (arXiv 2509.22115).
 
-    [N(p), K(p)] = (1 - p) * [N_init, K_init] + p * [N_final, K_final],   p = min(step / total_steps, 1)
+    [N(p), K(p)] = (1 - p) * [N_init, K_init] + p * [N_final, K_final],   p = min(step / (S - 1), 1)
+
+over a run of S = ``total_steps`` steps, numbered 0 .. S - 1: the first step trains the init point (p = 0) and the
+last one the final point (p = 1), so both ends of the paper's schedule are trained; steps past S - 1 (a run longer
+than its schedule) keep the final point. A single step (S = 1) is the final point: it is the run's last step, and
+"the last step trains (N_final, K_final)" holds for every S, as "steps from S - 1 on are final" does.
 
 ``kind="linear"`` uses p as is; ``kind="cosine"`` eases in and out with p' = (1 - cos(pi * p)) / 2, computed as
 the equal sin(pi * p / 2) ** 2, which is exact at both ends and monotone; ``kind="constant"`` returns the init
 values at every step (``n_final`` and ``k_final`` are then not used).
 
-The schedule is a pure function of the step, so a run resumed at step s continues with exactly the values it
-would have had.
+The schedule is a pure function of the step and S, so a run resumed at step s (with the S it started with)
+continues with exactly the values it would have had.
 
 Rounding of N (our choice; the paper is silent): N(p) is rounded to the nearest integer with halves rounded up
 (8.5 -> 9). For ``linear`` the interpolation is done in exact rational arithmetic, so a mathematically exact half
@@ -55,7 +60,7 @@ class DownSamplingSchedule:
         n_init, n_final: rollouts kept per prompt at p = 0 and p = 1 (D3S N_init, N_final), ints >= 1. Either
             order is accepted (an increasing N is the paper's curriculum).
         k_init, k_final: fraction of tokens kept at p = 0 and p = 1 (D3S K_init, K_final), in (0, 1].
-        total_steps: number of steps over which p goes from 0 to 1 (int >= 1); later steps use p = 1.
+        total_steps: S, the steps 0 .. S - 1 over which p goes from 0 to 1 (int >= 1); later steps use p = 1.
         kind: "linear", "cosine" or "constant".
     """
 
@@ -75,25 +80,29 @@ class DownSamplingSchedule:
         if self.kind not in SCHEDULE_KINDS:
             raise ValueError(f"kind must be one of {', '.join(SCHEDULE_KINDS)}, got {self.kind!r}")
 
+    @property
+    def last_step(self) -> int:
+        """S - 1: the step at which p reaches 1 (0-based, the run's last step when it trains S steps)."""
+        return self.total_steps - 1
+
     def progress(self, step: int) -> float:
-        """p = min(step / total_steps, 1) for a step >= 0 (before the cosine easing)."""
+        """p = min(step / (S - 1), 1) for a step >= 0 (before the cosine easing); 1 at every step when S = 1."""
         step = require_int("step", step, 0)
-        return min(step, self.total_steps) / self.total_steps
+        return 1.0 if step >= self.last_step else step / self.last_step
 
     def at(self, step: int) -> Tuple[int, float]:
-        """(N, K) at ``step`` (0-based; steps past ``total_steps`` give the final values)."""
+        """(N, K) at ``step`` (0-based; steps from S - 1 on give the final values)."""
         step = require_int("step", step, 0)
         if self.kind == "constant":
             return self.n_init, self.k_init
-        clipped = min(step, self.total_steps)
-        if clipped == self.total_steps:
+        if step >= self.last_step:
             return self.n_final, self.k_final
         if self.kind == "linear":
-            exact_p = Fraction(clipped, self.total_steps)
+            exact_p = Fraction(step, self.last_step)
             n = _round_half_up(self.n_init + exact_p * (self.n_final - self.n_init))
-            p = clipped / self.total_steps
+            p = step / self.last_step
         else:  # cosine
-            p = math.sin(math.pi * clipped / (2 * self.total_steps)) ** 2
+            p = math.sin(math.pi * step / (2 * self.last_step)) ** 2
             n = _round_half_up(self.n_init + p * (self.n_final - self.n_init))
         k = self.k_init + p * (self.k_final - self.k_init)
         k = min(max(k, min(self.k_init, self.k_final)), max(self.k_init, self.k_final))

@@ -111,7 +111,9 @@ def score(request: Request, outputs: Sequence, reward_func, tokenizer) -> List[f
     return rewards
 
 
-def sample_lines(model: str, request: Request, sampled, greedy, rewards: List[float], tokenizer) -> List[dict]:
+def sample_lines(
+    model: str, model_digest: str, request: Request, sampled, greedy, rewards: List[float], tokenizer
+) -> List[dict]:
     """The samples file's lines of one prompt (see :mod:`d3s_openrlhf.evaluation.samples`)."""
     outputs = list(sampled.outputs) + (list(greedy.outputs) if greedy is not None else [])
     lines = []
@@ -119,6 +121,7 @@ def sample_lines(model: str, request: Request, sampled, greedy, rewards: List[fl
         lines.append(
             {
                 "model": model,
+                "model_digest": model_digest,
                 "index": request.row.index,
                 "row_digest": request.row.digest,
                 "datasource": request.row.datasource,
@@ -142,10 +145,11 @@ def generate_and_score(
     reward_func,
     tokenizer,
     model: str,
+    model_digest: str,
     on_prompt: Callable[[List[dict]], None],
 ) -> None:
     """Generate every request's samples on ``engines``, score them, and hand each complete prompt's lines to
-    ``on_prompt`` (in completion order)."""
+    ``on_prompt`` (in completion order); the lines name ``model`` and its ``inputs.model_digest``."""
     import ray
 
     queue = deque(requests)
@@ -184,4 +188,4 @@ def generate_and_score(
                 )
             outputs = list(sampled.outputs) + (list(greedy.outputs) if greedy is not None else [])
             rewards = score(request, outputs, reward_func, tokenizer)
-            on_prompt(sample_lines(model, request, sampled, greedy, rewards, tokenizer))
+            on_prompt(sample_lines(model, model_digest, request, sampled, greedy, rewards, tokenizer))

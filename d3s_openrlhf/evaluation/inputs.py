@@ -64,6 +64,21 @@ def model_key(path: str) -> str:
     return os.path.abspath(path)
 
 
+def model_digest(path: str) -> str:
+    """sha256 of a model directory's files, names and contents in name order (its top level, hidden files aside):
+    the weights, config and tokenizer that decide its samples. A resume regenerates the samples of a model whose
+    digest changed (samples.resume): a checkpoint saved over in place by a run that went on is not the model its
+    samples came from, while the same files written again are. Streamed: constant memory, one read of the files."""
+    digest = hashlib.sha256()
+    files = sorted((e for e in os.scandir(path) if e.is_file() and not e.name.startswith(".")), key=lambda e: e.name)
+    for entry in files:
+        digest.update(f"{entry.name}\0{entry.stat().st_size}\0".encode())
+        with open(entry.path, "rb") as stream:
+            for block in iter(lambda: stream.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
 def read_rows(files: Sequence[str], input_key: str, label_key: str) -> List[Row]:
     """Every row of the JSONL ``files``; refuses a missing or empty file, a bad line, a missing key."""
     rows: List[Row] = []

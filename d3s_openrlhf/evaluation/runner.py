@@ -59,9 +59,10 @@ def build_requests(model: str, rows: Sequence[Row], options) -> tuple:
     return tokenizer, requests
 
 
-def evaluate(options, rows: Sequence[Row], reward_func, complete: Dict, progress=True) -> Dict:
+def evaluate(options, rows: Sequence[Row], reward_func, complete: Dict, model_digests: Dict, progress=True) -> Dict:
     """Run (or continue) the evaluation into ``options.out``, whose complete prompts ``complete``
-    (``samples.resume``) are kept; returns the results document."""
+    (``samples.resume``) are kept; ``model_digests`` (model key -> ``inputs.model_digest``) goes into the new sample
+    lines. Returns the results document."""
     import torch
     from tqdm import tqdm
 
@@ -98,7 +99,9 @@ def evaluate(options, rows: Sequence[Row], reward_func, complete: Dict, progress
                         bar.update(1)
 
                     try:
-                        generate_and_score(engines, requests, sampling, reward_func, tokenizer, key, on_prompt)
+                        generate_and_score(
+                            engines, requests, sampling, reward_func, tokenizer, key, model_digests[key], on_prompt
+                        )
                     finally:
                         bar.close()
                         stop_engines(engines, group)

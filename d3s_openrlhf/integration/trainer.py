@@ -7,11 +7,14 @@ once the entrypoint has swapped them in).
 Every training step (``train_step``, shared by both modes through ``D3STrainerMixin``):
 
 * (N, K) = ``DownSamplingSchedule.at(global_step)``; the horizon is ``--d3s.schedule_steps`` or else the run's
-  number of rollout steps, ceil(prompts / rollout.batch_size) * num_episodes. The global step is the one
-  OpenRLHF restores from its checkpoint, so a resumed run continues the schedule where it stopped.
+  number of rollout steps R, ceil(prompts / rollout.batch_size) * num_episodes, so the run's last step (global
+  step R - 1) trains the final point. The global step is the one OpenRLHF restores from its checkpoint, so a
+  resumed run continues the schedule where it stopped.
 * The ``d3s/*`` metrics of the experience maker are merged into the step's status, which OpenRLHF prints and
   hands to its wandb / tensorboard loggers.
-* The rollout statistics (``rollout/*``) still describe all generated rollouts, not only the kept ones.
+* The rollout statistics (``rollout/*``) describe all B*G rollouts of the step's batch, not only the kept ones:
+  the groups the step trains, whose rollouts sample selection may drop (not the groups dynamic filtering or
+  screening dropped before the batch; docs/metrics.md).
 * ``kl_ctl.update`` receives the number of rollouts actually trained instead of the nominal B*G.
 
 Evaluation during training (``--eval.dataset``) logs upstream's metrics plus the unbiased
@@ -116,7 +119,7 @@ class D3STrainerMixin:
         return super().save_logs_and_checkpoints(global_step, logs_dict, client_states)
 
     def _compute_rollout_stats(self, experiences) -> Dict:
-        # The experiences hold the kept rollouts only; the statistics describe everything generated.
+        # The experiences hold the kept rollouts only; the statistics describe all B*G rollouts of the batch.
         all_rollouts = self.experience_maker.last_rollouts
         return super()._compute_rollout_stats(all_rollouts if all_rollouts is not None else experiences)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import subprocess
 import sys
 
@@ -356,11 +357,19 @@ def test_dry_run_prints_the_resolved_config_and_schedule_without_ray(upstream_ru
     assert upstream_runs == [] and not ray.is_initialized()
 
 
-def test_dry_run_with_schedule_steps(capsys):
-    cli.main(["--d3s.preset", "d3s", "--d3s.n_final", "16", "--d3s.schedule_steps", "100", "--d3s.dry_run", *HOST])
+def test_dry_run_with_schedule_steps_prints_steps_the_run_trains(capsys):
+    # S = 5 steps, logged as steps 1 .. 5 (upstream logs global step s after training s - 1): N 8 -> 16 over them
+    cli.main(["--d3s.preset", "d3s", "--d3s.n_final", "16", "--d3s.schedule_steps", "5", "--d3s.dry_run", *HOST])
     out = capsys.readouterr().out
-    assert "over --d3s.schedule_steps 100" in out
-    assert "step     50:  N =  12  kept rollouts     96 / 128" in out
+    assert "over --d3s.schedule_steps 5" in out
+    points = re.findall(r"step +(\d+):  N = +(\d+)  kept rollouts +\d+ / 128 \([\d.]+%\)  K = ([\d.]+)", out)
+    assert [(int(step), int(n), float(k)) for step, n, k in points] == [
+        (1, 8, 0.05),
+        (2, 10, 0.0875),
+        (3, 12, 0.125),
+        (4, 14, 0.1625),
+        (5, 16, 0.2),
+    ]
 
 
 @pytest.mark.parametrize(

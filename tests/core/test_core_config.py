@@ -208,11 +208,11 @@ def test_derived_properties():
 
 def test_schedule_for():
     config = D3SConfig.from_flags({"preset": "d3s"})
-    schedule = config.schedule_for(200)
-    assert schedule == DownSamplingSchedule(8, 32, 0.05, 0.2, 200, kind="linear")
+    schedule = config.schedule_for(201)
+    assert schedule == DownSamplingSchedule(8, 32, 0.05, 0.2, 201, kind="linear")
     assert schedule.at(100) == (20, pytest.approx(0.125))
     pinned = D3SConfig.from_flags({"preset": "d3s", "schedule_steps": 10}).schedule_for(200)
-    assert pinned.total_steps == 10 and pinned.at(10) == (32, 0.2)
+    assert pinned.total_steps == 10 and pinned.at(9) == (32, 0.2)
     with pytest.raises(ValueError, match="total_steps"):
         config.schedule_for(0)
 

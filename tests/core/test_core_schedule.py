@@ -27,10 +27,19 @@ def schedules(draw, kinds=("linear", "cosine", "constant")):
 
 @PROPERTY
 @given(schedules(kinds=("linear", "cosine")), st.integers(0, 1000))
-def test_endpoints(schedule, extra):
-    assert schedule.at(0) == (schedule.n_init, schedule.k_init)
-    assert schedule.at(schedule.total_steps) == (schedule.n_final, schedule.k_final)
-    assert schedule.at(schedule.total_steps + extra) == (schedule.n_final, schedule.k_final)
+def test_a_run_of_total_steps_trains_both_ends(schedule, extra):
+    # a run of S = total_steps steps trains steps 0 .. S - 1: the first is the init point, the last the final one
+    last = schedule.total_steps - 1
+    assert schedule.at(last + extra) == (schedule.n_final, schedule.k_final)
+    assert schedule.progress(last + extra) == 1.0
+    if last > 0:
+        assert schedule.at(0) == (schedule.n_init, schedule.k_init) and schedule.progress(0) == 0.0
+        assert schedule.progress(last - 1) < 1.0
+
+
+def test_a_single_step_is_the_final_point():
+    schedule = DownSamplingSchedule(8, 32, 0.05, 0.2, 1)
+    assert schedule.at(0) == (32, 0.2) and schedule.progress(0) == 1.0
 
 
 @PROPERTY
@@ -69,11 +78,12 @@ def test_resume_equality(schedule, earlier_steps, step):
 @given(schedules(kinds=("linear",)), st.data())
 def test_linear_matches_paper_formula(schedule, data):
     step = data.draw(st.integers(0, schedule.total_steps))
-    p = Fraction(step, schedule.total_steps)
+    last = schedule.total_steps - 1
+    p = Fraction(min(step, last), last) if last else Fraction(1)
     exact_n = (1 - p) * schedule.n_init + p * schedule.n_final
     n, k = schedule.at(step)
     assert n == math.floor(exact_n + Fraction(1, 2))  # nearest, halves up
-    p = step / schedule.total_steps
+    p = float(p)
     assert k == pytest.approx((1 - p) * schedule.k_init + p * schedule.k_final, abs=1e-12)
 
 
@@ -81,7 +91,8 @@ def test_linear_matches_paper_formula(schedule, data):
 @given(schedules(kinds=("cosine",)), st.data())
 def test_cosine_matches_its_formula(schedule, data):
     step = data.draw(st.integers(0, schedule.total_steps))
-    eased = (1 - math.cos(math.pi * step / schedule.total_steps)) / 2
+    last = schedule.total_steps - 1
+    eased = (1 - math.cos(math.pi * (min(step, last) / last if last else 1.0))) / 2
     value = (1 - eased) * schedule.n_init + eased * schedule.n_final
     n, k = schedule.at(step)
     assert abs(n - value) <= 0.5 + 1e-9
@@ -89,20 +100,21 @@ def test_cosine_matches_its_formula(schedule, data):
 
 
 def test_half_rounding_goes_up():
-    assert DownSamplingSchedule(8, 9, 1.0, 1.0, 2).at(1)[0] == 9  # 8.5
-    assert DownSamplingSchedule(9, 8, 1.0, 1.0, 2).at(1)[0] == 9  # 8.5 on the way down
-    assert DownSamplingSchedule(8, 32, 1.0, 1.0, 48).at(1)[0] == 9  # 8.5 exactly, though 1/48 is no double
-    assert DownSamplingSchedule(8, 32, 1.0, 1.0, 48).at(3)[0] == 10  # 9.5
-    assert DownSamplingSchedule(8, 9, 1.0, 1.0, 2, kind="cosine").at(1)[0] == 9  # p' = 1/2
-    assert DownSamplingSchedule(8, 9, 1.0, 1.0, 3, kind="cosine").at(1)[0] == 8  # p' = 1/4
-    assert DownSamplingSchedule(8, 9, 1.0, 1.0, 3, kind="cosine").at(2)[0] == 9  # p' = 3/4
+    assert DownSamplingSchedule(8, 9, 1.0, 1.0, 3).at(1)[0] == 9  # 8.5
+    assert DownSamplingSchedule(9, 8, 1.0, 1.0, 3).at(1)[0] == 9  # 8.5 on the way down
+    assert DownSamplingSchedule(8, 32, 1.0, 1.0, 49).at(1)[0] == 9  # 8.5 exactly, though 1/48 is no double
+    assert DownSamplingSchedule(8, 32, 1.0, 1.0, 49).at(3)[0] == 10  # 9.5
+    assert DownSamplingSchedule(8, 9, 1.0, 1.0, 3, kind="cosine").at(1)[0] == 9  # p' = 1/2
+    assert DownSamplingSchedule(8, 9, 1.0, 1.0, 4, kind="cosine").at(1)[0] == 8  # p' = 1/4
+    assert DownSamplingSchedule(8, 9, 1.0, 1.0, 4, kind="cosine").at(2)[0] == 9  # p' = 3/4
 
 
 def test_paper_values():
-    schedule = DownSamplingSchedule(8, 32, 0.05, 0.20, 100)
+    schedule = DownSamplingSchedule(8, 32, 0.05, 0.20, 101)  # steps 0 .. 100
     assert schedule.at(50) == (20, pytest.approx(0.125))
     assert schedule.at(25) == (14, pytest.approx(0.0875))
-    assert schedule.progress(25) == 0.25 and schedule.progress(500) == 1.0
+    assert schedule.at(100) == (32, 0.2)
+    assert schedule.progress(25) == 0.25 and schedule.progress(100) == 1.0 and schedule.progress(500) == 1.0
     assert schedule.max_n == 32 and schedule.min_k == 0.05
     assert DownSamplingSchedule(8, 32, 0.5, 0.2, 10, kind="constant").max_n == 8
     assert DownSamplingSchedule(8, 32, 0.5, 0.2, 10, kind="constant").min_k == 0.5

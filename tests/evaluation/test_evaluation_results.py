@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from d3s_openrlhf.evaluation import generate, results, samples
+from d3s_openrlhf.evaluation import generate, inputs, results, samples
 from d3s_openrlhf.evaluation.inputs import Row
 
 
@@ -157,3 +157,22 @@ def test_sampling_params_seed_every_sample_apart_and_return_the_n_together():
     assert (params[0].temperature, params[0].top_p, params[0].max_tokens, params[0].min_tokens) == (0.6, 0.9, 7, 1)
     greedy = sampling.params(0, greedy=True)
     assert (greedy.n, greedy.temperature, greedy.max_tokens) == (1, 0.0, 7)
+
+
+def test_model_digest_follows_the_files_contents_not_their_writes(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(bytes(range(256)) * 4)
+    (model / "config.json").write_text('{"hidden_size": 8}')
+    digest = inputs.model_digest(str(model))
+    (model / "model.safetensors").write_bytes(bytes(range(256)) * 4)  # the same bytes written again
+    (model / ".cache").write_text("anything")  # hidden files are no part of the model
+    assert inputs.model_digest(str(model)) == digest
+    (model / "model.safetensors").write_bytes(bytes(range(255, -1, -1)) * 4)  # other weights, the same size
+    assert inputs.model_digest(str(model)) != digest
+    (model / "model.safetensors").write_bytes(bytes(range(256)) * 4)
+    (model / "config.json").write_text('{"hidden_size": 9}')
+    assert inputs.model_digest(str(model)) != digest
+    (model / "config.json").write_text('{"hidden_size": 8}')
+    (model / "model.safetensors").rename(model / "model-1.safetensors")
+    assert inputs.model_digest(str(model)) != digest

@@ -766,7 +766,7 @@ def test_trainer_step_sets_schedule_logs_metrics_and_updates_kl_with_kept_count(
     status, next_step = trainer.train_step(make_rollouts(REWARDS), 0)
     assert next_step == 1
     assert (status["d3s/n"], status["d3s/k"], status["d3s/kept_rollouts"]) == (1.0, 0.25, 4.0)
-    assert status["rollout/num_samples"] == 16.0  # rollout statistics describe everything generated
+    assert status["rollout/num_samples"] == 16.0  # rollout statistics describe all B*G rollouts of the batch
     assert status["rollout/reward_mean"] == pytest.approx(sum(sum(r) for r in REWARDS) / 16)
     assert status["policy_loss"] == 0.25 and "d3s/entropy_kept" in status
     # AdaptiveKLController.update(current=0.5, n_steps=trained rollouts): error clipped to 0.2, horizon 1000
@@ -776,7 +776,7 @@ def test_trainer_step_sets_schedule_logs_metrics_and_updates_kl_with_kept_count(
     assert sum(size for rank in calls for kind, size, _ in rank if kind == "append") == 4
     assert [kl for rank in calls for kind, kl, _ in rank if kind == "fit"] == [0.2, 0.2]
 
-    status, _ = trainer.train_step(make_rollouts(REWARDS), 4)  # end of the schedule: N = G, K = 1
+    status, _ = trainer.train_step(make_rollouts(REWARDS), 3)  # the last of the run's 4 steps: N = G, K = 1
     assert (status["d3s/n"], status["d3s/k"], status["d3s/kept_rollouts"]) == (4.0, 1.0, 16.0)
     assert "d3s/entropy_all" not in status
     _records(groups.policy), _records(groups.aux)
@@ -793,7 +793,7 @@ def test_trainer_resumed_at_a_step_continues_the_schedule(groups):
             _records(groups.aux)
         runs.append((status["d3s/n"], status["d3s/k"], forwarded))
     assert runs[0] == runs[1]
-    assert runs[0][0] == 3.0  # round(1 + 2/4 * 3) = round(2.5) = 3
+    assert runs[0][:2] == (3.0, 0.75)  # step 2 of 4: p = 2/3, N = 1 + 2/3 * 3 = 3, K = 0.25 + 2/3 * 0.75
 
 
 # ── bad rewards, the entropy hand-off ──

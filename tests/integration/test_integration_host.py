@@ -72,9 +72,9 @@ def test_max_steps_is_the_optimizer_steps_of_the_kept_rollouts():
     # upstream: 4 rollout steps x (4 prompts x 8 samples / 8 per optimizer step) x 2 epochs
     max_steps = 4 * (4 * 8 // 8) * 2
     cfg = D3SConfig(sample_rule="max_var", n_init=2, n_final=6, schedule="linear")
-    # N over the 4 steps: 2, 3, 4, 5 -> N * B = 8, 12, 16, 20 -> multiples of lcm(8, 1 * 2) = 8: 8, 16, 16, 24;
-    # 2 epochs x (8 + 16 + 16 + 24) / 8 = 16 optimizer steps
-    assert scaled_max_steps(args, cfg, max_steps, 4) == 16
+    # N over the 4 steps (p = 0, 1/3, 2/3, 1): 2, 3, 5, 6 -> N * B = 8, 12, 20, 24 -> multiples of lcm(8, 1 * 2) = 8:
+    # 8, 16, 24, 24; 2 epochs x (8 + 16 + 24 + 24) / 8 = 18 optimizer steps
+    assert scaled_max_steps(args, cfg, max_steps, 4) == 18
     # the exact step count matters: 10 prompts, B = 4, 3 episodes = 9 rollout steps (partial batches included),
     # while upstream's horizon floor(10 * 8 / 8) * 3 * 2 = 60 corresponds to 7.5 full ones
     schedule = cfg.schedule_for(9)
@@ -85,9 +85,9 @@ def test_max_steps_is_the_optimizer_steps_of_the_kept_rollouts():
 def test_max_steps_uses_schedule_steps_and_the_dynamic_batch_unit():
     args = horizon_args(train__dynamic_batch_enable=True, actor__num_gpus_per_node=4)
     max_steps = 4 * 4 * 2
-    # schedule over 2 steps: N = 2, 4, then 6, 6 (p clipped at 1); unit lcm(8, 4) = 8: 8, 16, 24, 24
+    # schedule over 2 steps: N = 2, 6, then 6, 6 (p clipped at 1); unit lcm(8, 4) = 8: 8, 24, 24, 24
     cfg = D3SConfig(sample_rule="max_var", n_init=2, n_final=6, schedule="linear", schedule_steps=2)
-    assert scaled_max_steps(args, cfg, max_steps, 4) == 2 * (8 + 16 + 24 + 24) // 8
+    assert scaled_max_steps(args, cfg, max_steps, 4) == 2 * (8 + 24 + 24 + 24) // 8
 
 
 def test_max_steps_with_a_constant_fraction_and_without_sample_selection():
