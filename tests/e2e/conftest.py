@@ -35,16 +35,24 @@ def marked_processes(run_id, marker=MARKER):
     return processes.marked_processes(marker, run_id)
 
 
-def leftover_processes(run_id, grace_s=45.0):
-    """Processes of the run still alive ``grace_s`` after it exited (then killed, so that they leak no further)."""
+def leftover_processes(run_id, grace_s=45.0, orphans=()):
+    """Processes of the run still alive ``grace_s`` after it exited (then killed, so that they leak no further).
+    ``orphans``: PIDs expected to outlive the run (a killed actor's children); killed at once, never named."""
+    for pid in orphans:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
     deadline = time.time() + grace_s
     while time.time() < deadline:
-        alive = marked_processes(run_id)
+        alive = [pid for pid in marked_processes(run_id) if pid not in orphans]
         if not alive:
             return []
         time.sleep(0.5)
     names = []
     for pid in marked_processes(run_id):
+        if pid in orphans:
+            continue
         command = command_line(pid)
         try:
             os.kill(pid, signal.SIGKILL)
@@ -75,16 +83,17 @@ class Run:
 
 @pytest.fixture
 def run_pipeline(tmp_path):
-    """``run_pipeline(module, args, name=..., env_flag=False, env=None, on_line=None) -> Run``: one run, its
-    metrics, leftover processes.
+    """``run_pipeline(module, args, name=..., env_flag=False, env=None, on_line=None, orphans=None) -> Run``: one
+    run, its metrics, leftover processes.
 
     The run goes through the launcher (``python -m d3s_openrlhf.cli.cpu module ...``), or with ``env_flag`` through
     ``D3S_OPENRLHF_CPU=1 python -m module ...`` (the module then activates the runtime itself). ``env`` adds
     environment variables (a ``RAY_ADDRESS`` joins that cluster); ``on_line`` is called with each line of the run's
-    output as it comes.
+    output as it comes; ``orphans()``, asked once the run has exited, gives the PIDs expected to outlive it
+    (``leftover_processes``).
     """
 
-    def run(module, args, name="run", env_flag=False, env=None, on_line=None):
+    def run(module, args, name="run", env_flag=False, env=None, on_line=None, orphans=None):
         run_id = uuid.uuid4().hex
         given = env or {}
         env = dict(os.environ, **{MARKER: run_id})
@@ -101,7 +110,8 @@ def run_pipeline(tmp_path):
             rc = pipeline.run_logged(command, log, on_line=on_line, env=env, timeout=RUN_TIMEOUT_S)
         except TimeoutError:
             rc = f"none: killed after {RUN_TIMEOUT_S}s"
-        return Run(rc, log, read_train_scalars(str(tmp_path / name / "tensorboard")), leftover_processes(run_id))
+        leftovers = leftover_processes(run_id, orphans=orphans() if orphans else ())
+        return Run(rc, log, read_train_scalars(str(tmp_path / name / "tensorboard")), leftovers)
 
     return run
 

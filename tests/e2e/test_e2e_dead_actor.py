@@ -80,7 +80,16 @@ def test_a_dead_actor_ends_the_run_with_its_name_and_cause(
     tag = uuid.uuid4().hex
     killer = Killer(run_processes, tag, VICTIMS[victim])
     args = pipeline.ppo_args(toy_sft.sft_model, toy_sft.task, str(tmp_path / "killed"), config)
-    run = run_pipeline(pipeline.D3S_ENTRYPOINT, args, name="killed", env={VICTIM_MARKER: tag}, on_line=killer)
+    # the killed engine's vLLM EngineCore (and its resource tracker) lose their parent to the SIGKILL and outlive the
+    # run (vLLM's own behaviour): the fixture kills them; nothing else may outlive it
+    run = run_pipeline(
+        pipeline.D3S_ENTRYPOINT,
+        args,
+        name="killed",
+        env={VICTIM_MARKER: tag},
+        on_line=killer,
+        orphans=lambda: killer.orphans,
+    )
 
     assert killer.killed_at is not None, f"no {VICTIMS[victim]} process to kill at step 2\n{run.tail()}"
     assert isinstance(run.returncode, int) and run.returncode != 0, f"exit {run.returncode}\n{run.tail()}"
@@ -89,10 +98,7 @@ def test_a_dead_actor_ends_the_run_with_its_name_and_cause(
     assert took < DEADLINE_S
     tail = run.tail(15)
     assert VICTIMS[victim] in tail and "died" in tail and "worker process has died" in tail, tail
-    # the killed engine's vLLM EngineCore (and its resource tracker) lose their parent to the SIGKILL and outlive the
-    # run (vLLM's own behaviour; the fixture kills them); nothing else may
-    leftovers = [line for line in run.leftovers if int(line.split(":")[0]) not in killer.orphans]
-    assert not leftovers, f"processes outlived the run: {leftovers}"
+    assert not run.leftovers, f"processes outlived the run: {run.leftovers}"
     assert 4 not in run.steps, "the run went on without its actor"
 
     if (mode, victim) != ("sync", "engine"):
