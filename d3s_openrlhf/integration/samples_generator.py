@@ -30,8 +30,8 @@ whose token ids alone are 16 MB at 1024 rollouts of 2k tokens.
 
 Metrics of a step (logged by the trainer that receives the batch, sync or async): ``d3s/generated_tokens`` (response
 tokens generated, filtered groups included), with skipping ``d3s/skipped_prompts``, ``d3s/skip_candidates`` and
-``d3s/skip_base``, and at fixed steps ``d3s/passes``. A step served from upstream's sample buffer without generating
-logs zero counts.
+``d3s/skip_base``, at fixed steps ``d3s/passes``, and with dynamic filtering ``d3s/filter_pass_frac``. A step served
+from upstream's sample buffer without generating logs zero counts.
 """
 
 from __future__ import annotations
@@ -230,18 +230,18 @@ class D3SSamplesGenerator(SamplesGenerator):
         # the step's counts, every one logged (zeros for a step served from upstream's sample buffer)
         self._counts = defaultdict(float, dict.fromkeys(self._metric_names(), 0.0))
         self._decisions = [0, 0]
+        # upstream's pass rate goes on untouched (100 x samples / prompts consumed: G times a share, skipped prompts
+        # counted); ours is the share of the step's generated groups that passed the filter
         samples, pass_rate, consumed, exhausted = super().generate_samples(**generate_kwargs)
-        filtered, joined = self._decisions
-        if self.args.algo.dynamic_filtering_enable and filtered + joined:
-            # upstream's rate is 100 x samples accepted / prompts consumed: G times a share, skipped prompts counted;
-            # logged instead: the share (%) of the prompts generated in the step whose group passed the filter
-            pass_rate = 100.0 * joined / (filtered + joined)
         counts = dict(self._counts)
         # a call without samples trains no step and logs nothing: its counts go to the next step that does
         for key, value in self._unlogged.items():
             counts[key] = counts.get(key, 0.0) + value
         self._unlogged = {} if samples else counts
         self.last_metrics = counts
+        filtered, joined = self._decisions
+        if filtered + joined:
+            self.last_metrics["d3s/filter_pass_frac"] = joined / (filtered + joined)
         if self.policy is not None:
             self.last_metrics["d3s/skip_base"] = self.policy.base
         if fixed is None:

@@ -159,6 +159,7 @@ def test_a_group_dropped_by_dynamic_filtering_is_replaced_and_counted_once():
     ((prompts, _, consumed, metrics),) = run(generator)  # the even prompts are flat: upstream's range drops them
     assert prompts == ["p1", "p3", "p5", "p7"]
     assert consumed == len(generator.dispatched) == B + 4  # each of p0, p2, p4, p6 replaced by one draw
+    assert metrics["d3s/filter_pass_frac"] == B / (B + 4)
 
 
 @pytest.mark.parametrize("low, high, passes", [(0.1, 0.9, True), (0.6, 0.99, False), (0.0, 0.4, False)])
@@ -217,28 +218,31 @@ def test_a_run_that_fills_slowly_goes_on_however_many_passes_a_batch_takes():
     ],
     ids=["skipping", "filtering", "upstream_loop"],
 )
-def test_the_pass_rate_is_the_share_of_prompts_generated_whose_group_passed(d3s):
-    """Upstream divides samples by prompts consumed (G times the share, with G = 5 here; skipped prompts counted);
-    logged is the share of the step's generated prompts whose group joined the batch."""
+def test_upstreams_pass_rate_keeps_its_meaning_and_ours_is_the_share_of_groups_that_passed(d3s):
+    """``dynamic_filtering_pass_rate`` is upstream's, as with D3S off: 100 x samples / prompts consumed (G times a
+    share, with G = 5 here; skipped prompts counted in). ``d3s/filter_pass_frac`` is the share of the step's generated
+    groups that passed the filter."""
     generator = make(*FILTER, **d3s)
-    rates, exhausted = [], False
+    fracs, exhausted = [], False
     for _ in range(100):
         samples, rate, consumed, exhausted = generator.generate_samples(max_len=64)
         if samples:  # (upstream's loop ends with a call that generates nothing)
+            assert rate == pytest.approx(100 * len(samples) / consumed)
             generated = consumed - generator.last_metrics.get("d3s/skipped_prompts", 0)
-            rates.append(rate)
-            assert rate == pytest.approx(100 * len(samples) / G / generated)
+            fracs.append(generator.last_metrics["d3s/filter_pass_frac"])
+            assert fracs[-1] == pytest.approx(len(samples) / G / generated)
         if exhausted:
             break
-    assert exhausted and len(rates) >= 3
-    assert all(0 < rate <= 100 for rate in rates) and any(rate < 100 for rate in rates)  # the easy groups fail
+    assert exhausted and len(fracs) >= 3
+    assert all(0 < frac <= 1 for frac in fracs) and any(frac < 1 for frac in fracs)  # the easy prompts' groups fail
 
 
 def test_steps_served_from_the_sample_buffer_log_no_second_copy_of_the_counts():
     generator = make("--rollout.vllm_generate_batch_size", str(2 * B), *FILTER)
     first, second = run(generator, steps=2)
-    assert first[3]["d3s/generated_tokens"] > 0
+    assert first[3]["d3s/generated_tokens"] > 0 and "d3s/filter_pass_frac" in first[3]
     assert second[3]["d3s/generated_tokens"] == 0 and second[3]["d3s/skip_candidates"] == 0  # served from the buffer
+    assert "d3s/filter_pass_frac" not in second[3]  # no group decided in the step
 
 
 def test_the_state_grows_with_the_skip_candidates_only():
@@ -410,7 +414,7 @@ def test_a_checkpoint_written_with_screening_resumes_without_it(flags, d3s):
     assert len(steps) == 12 - 3 and all(len(prompts) == B for prompts, *_ in steps)
     assert resumed.dispatched[:3] == [("p13", G), ("p14", G), ("p15", G)]
     expected = {"d3s/generated_tokens", "d3s/passes"}
-    expected |= set() if flags else {"d3s/skipped_prompts", "d3s/skip_candidates", "d3s/skip_base"}
+    expected |= {"d3s/filter_pass_frac"} if flags else {"d3s/skipped_prompts", "d3s/skip_candidates", "d3s/skip_base"}
     assert all(set(metrics) == expected for *_, metrics in steps)
     # the unlogged count of this run's own metric goes to the first step (2 tokens a rollout)
     assert steps[0][3]["d3s/generated_tokens"] == 8 + 2 * G * first_batch
