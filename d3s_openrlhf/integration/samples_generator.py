@@ -238,7 +238,7 @@ class D3SSamplesGenerator(SamplesGenerator):
         for key, value in self._unlogged.items():
             counts[key] = counts.get(key, 0.0) + value
         self._unlogged = {} if samples else counts
-        self.last_metrics = counts
+        self.last_metrics = dict(counts)  # and the step's values below, which are no counts to carry over
         filtered, joined = self._decisions
         if filtered + joined:
             self.last_metrics["d3s/filter_pass_frac"] = joined / (filtered + joined)
