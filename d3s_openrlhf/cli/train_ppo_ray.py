@@ -89,8 +89,8 @@ def format_plan(config: D3SConfig, plan: Optional[D3SPlan], host_args=None, poin
 
 
 def fixed_steps_line(config: D3SConfig, host_args) -> str:
-    """The dry run's word on the fixed steps: S, and the passes over the data it takes (more as prompts are skipped,
-    screened out or filtered)."""
+    """The dry run's word on the fixed steps: S, and the passes over the data it takes (more as prompts are skipped or
+    filtered)."""
     draws = config.schedule_steps * host_args.rollout.batch_size
     text = (
         f"fixed steps: the run trains --d3s.schedule_steps {config.schedule_steps} steps of "

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, Dict, Mapping, Optional
 
-from d3s_openrlhf.core.checks import InvalidOptions, Problem, is_int, is_real
+from d3s_openrlhf.core.checks import InvalidOptions, Problem, is_int
 from d3s_openrlhf.core.prompt_skip import PROMPT_SKIP_MODES, PromptSkipPolicy
 from d3s_openrlhf.core.schedule import SCHEDULE_KINDS, DownSamplingSchedule
 from d3s_openrlhf.core.selection import SAMPLE_SCOPES, SELECTION_RULES
@@ -161,11 +161,10 @@ class D3SConfig:
         0,
         "S, the steps over which p goes from 0 to 1: p = min(step / (S - 1), 1) at the 0-based step, so the first "
         "step trains the init values and step S - 1 (logged as step S) the final ones (S = 1: the final ones); "
-        "0 = the run's number of rollout steps. With prompt skipping or screening (--d3s.prompt_skip, "
-        "--d3s.pilot_rollouts) it is required, and with them or with --algo.dynamic_filtering_enable the run trains "
-        "exactly this many steps, cycling over the prompts as often as it takes. Refused with D3S off, where nothing "
-        "reads it (upstream's run trains its own passes, dynamic filtering included): turn D3S on, e.g. with "
-        "--d3s.chunked_logits",
+        "0 = the run's number of rollout steps. With prompt skipping (--d3s.prompt_skip) it is required, and with "
+        "it or with --algo.dynamic_filtering_enable the run trains exactly this many steps, cycling over the "
+        "prompts as often as it takes. Refused with D3S off, where nothing reads it (upstream's run trains its own "
+        "passes, dynamic filtering included): turn D3S on, e.g. with --d3s.chunked_logits",
         int,
     )
     token_scope: str = _option(
@@ -178,16 +177,16 @@ class D3SConfig:
     seed: int = _option(
         42,
         "seed of the random tie-breaking and of the random rule, combined with the training step so every "
-        "step's choice is reproducible, also after a resume; and of the skip and audit decisions of the generation "
-        "level, keyed by batch and prompt",
+        "step's choice is reproducible, also after a resume; and of the skip decisions of the generation level, "
+        "keyed by batch and prompt",
         int,
     )
     prompt_skip: str = _option(
         "off",
-        "prompt-level down-sampling before generation: history = a prompt whose latest observation (a group or a "
-        "pilot) had equal rewards is skipped with its own probability 1 - max(base^c, floor), c its streak of such "
-        "observations (GRESO's rule, arXiv 2506.02177), and its slot refilled from the dataloader; needs rewards at "
-        "generation time (--reward.remote_url or an agent) and --d3s.schedule_steps (docs/generation.md)",
+        "prompt-level down-sampling before generation: history = a prompt whose latest group had equal rewards is "
+        "skipped with its own probability 1 - max(base^c, floor), c its streak of such groups (GRESO's rule, arXiv "
+        "2506.02177), and its slot refilled from the dataloader; needs rewards at generation time "
+        "(--reward.remote_url or an agent) and --d3s.schedule_steps (docs/generation.md)",
         str,
         PROMPT_SKIP_MODES,
     )
@@ -205,33 +204,17 @@ class D3SConfig:
     )
     skip_target: float = _option(
         0.25,
-        "the share of zero-variance observations (groups or pilots) among the prompts generated that the base steers "
-        "towards, in [0, 1): above it the base falls by --d3s.skip_rate x (share - target), so more is skipped",
+        "the share of zero-variance groups among the prompts generated that the base steers towards, in [0, 1): above "
+        "it the base falls by --d3s.skip_rate x (share - target), so more is skipped",
         float,
     )
     skip_rate: float = _option(0.01, "the base's adaptation step per batch, > 0", float)
-    pilot_rollouts: int = _option(
-        0,
-        "screened generation: each training prompt first gets this many pilot rollouts (2 <= k < "
-        "--rollout.n_samples_per_prompt); a prompt whose pilot rewards are all equal is screened out (not trained, "
-        "its slot goes to the next prompt), the others get the rest of their group (SPEED-RL, arXiv 2506.09016), "
-        "whose advantages are weighted to undo the screen's conditioning (d3s/screen_weight_mean). 0 = off. Needs "
-        "rewards at generation time, a group-relative estimator and --d3s.schedule_steps (docs/generation.md)",
-        int,
-    )
-    pilot_audit: float = _option(
-        0.0,
-        "the share of screened-out prompts whose group is completed anyway, only to measure how often the full "
-        "group would have had reward variance (a false reject: d3s/false_rejects of d3s/audited_prompts); audited "
-        "groups are never trained. Costs G - k rollouts per audited prompt; 0 = off, in [0, 1]",
-        float,
-    )
     stall_passes: int = _option(
         4,
         "how many passes over the prompts may go by without a single group joining a batch before the run stops as "
-        "one that cannot fill (every pilot flat under --d3s.pilot_rollouts, or every group outside "
-        "--algo.dynamic_filtering_range, at fixed steps): a run that fills, however slowly, goes on. An int >= 1; "
-        "takes effect with screening or with dynamic filtering and --d3s.schedule_steps",
+        "one that cannot fill (every group outside --algo.dynamic_filtering_range, at fixed steps): a run that fills, "
+        "however slowly, goes on. An int >= 1; takes effect with --algo.dynamic_filtering_enable and "
+        "--d3s.schedule_steps",
         int,
     )
     full_logits: bool = _option(
@@ -296,31 +279,25 @@ class D3SConfig:
         skip_values = {parameter: getattr(self, name) for parameter, name in _SKIP_FIELDS.items()}
         for problem in PromptSkipPolicy.problems(**skip_values):
             bad(_SKIP_FIELDS[problem.parameter], problem.requirement)
-        if not is_int(self.pilot_rollouts) or self.pilot_rollouts < 0 or self.pilot_rollouts == 1:
-            bad("pilot_rollouts", "must be 0 (off) or an int >= 2 (a pilot of one rollout never shows variance)")
         if not is_int(self.stall_passes) or self.stall_passes < 1:
             bad("stall_passes", "must be an int >= 1 (passes over the prompts without a group joining a batch)")
-        if not (is_real(self.pilot_audit) and 0.0 <= self.pilot_audit <= 1.0):
-            bad("pilot_audit", "must be a number in [0, 1] (a share of the screened-out prompts)")
-        elif self.pilot_audit > 0 and not self.screening_enabled:
-            bad("pilot_audit", "audits screened-out prompts, which needs --d3s.pilot_rollouts k >= 2")
-        if self.generation_enabled and is_int(self.schedule_steps) and self.schedule_steps <= 0:
+        if self.skip_enabled and is_int(self.schedule_steps) and self.schedule_steps <= 0:
             bad(
                 "schedule_steps",
-                f"must be > 0 with --d3s.prompt_skip {self.prompt_skip} / --d3s.pilot_rollouts {self.pilot_rollouts}: "
-                "prompts that are skipped or screened out make a pass over the data shorter by an unknown number of "
-                "steps, so the run trains a fixed number S of steps instead, cycling over the prompts (set "
-                "--d3s.schedule_steps S; it is also the (N, K) schedule's and the LR schedule's horizon)",
+                f"must be > 0 with --d3s.prompt_skip {self.prompt_skip}: prompts that are skipped make a pass over "
+                "the data shorter by an unknown number of steps, so the run trains a fixed number S of steps "
+                "instead, cycling over the prompts (set --d3s.schedule_steps S; it is also the (N, K) schedule's and "
+                "the LR schedule's horizon)",
             )
         # whether D3S is on reads the schedule's range, known once the other options are valid
         if not problems and self.stall_passes != D3SConfig.stall_passes and not self.enabled:
-            bad("stall_passes", "does nothing with D3S off (no screening, nothing of D3S runs); drop it")
+            bad("stall_passes", "does nothing with D3S off (nothing of D3S runs); drop it")
         if not problems and self.schedule_steps > 0 and not self.enabled:
             bad(
                 "schedule_steps",
-                "does nothing with D3S off (no sample or token selection, prompt skipping, screening or "
-                "--d3s.chunked_logits): the run is OpenRLHF's own train_ppo_ray, which trains its own passes over the "
-                "data, with --algo.dynamic_filtering_enable too; to train exactly S steps turn D3S on (e.g. "
+                "does nothing with D3S off (no sample or token selection, prompt skipping or --d3s.chunked_logits): "
+                "the run is OpenRLHF's own train_ppo_ray, which trains its own passes over the data, with "
+                "--algo.dynamic_filtering_enable too; to train exactly S steps turn D3S on (e.g. "
                 "--d3s.chunked_logits, which only computes the log-probs with less memory), or drop it",
             )
         if self.full_logits is True and self.chunked_logits is True:
@@ -348,25 +325,14 @@ class D3SConfig:
 
     @property
     def skip_enabled(self) -> bool:
-        """Whether prompts may be skipped before generation (--d3s.prompt_skip history)."""
+        """Whether prompts may be skipped before generation (--d3s.prompt_skip history): the run then cycles its
+        prompts for exactly --d3s.schedule_steps training steps."""
         return self.prompt_skip != "off"
 
     @property
-    def screening_enabled(self) -> bool:
-        """Whether training prompts are screened by pilot rollouts (--d3s.pilot_rollouts k > 0)."""
-        return is_int(self.pilot_rollouts) and self.pilot_rollouts > 0
-
-    @property
-    def generation_enabled(self) -> bool:
-        """Whether D3S decides which prompts are generated (skipping or screening): the run then cycles its prompts
-        for exactly --d3s.schedule_steps training steps."""
-        return self.skip_enabled or self.screening_enabled
-
-    @property
     def enabled(self) -> bool:
-        """Whether D3S changes anything (skipping or screening prompts, sample or token selection, the forwards at
-        K = 1)."""
-        return self.samples_enabled or self.tokens_enabled or self.generation_enabled or self.chunked_logits
+        """Whether D3S changes anything (skipping prompts, sample or token selection, the forwards at K = 1)."""
+        return self.samples_enabled or self.tokens_enabled or self.skip_enabled or self.chunked_logits
 
     def skip_policy(self) -> PromptSkipPolicy:
         """A fresh prompt-skip policy with these options."""

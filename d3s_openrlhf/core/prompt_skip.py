@@ -6,8 +6,8 @@ the current policy), so generating them again is wasted. GRESO (arXiv 2506.02177
 own history and skips them before generation. Our policy (the design and its reasons: docs/generation.md):
 
 * **Record.** Per prompt (a stable key), its streak c: how many of its most recent observations in a row had zero
-  reward variance. An observation is a generated group, or a pilot (``core.screening``): a prompt screened out by
-  its pilot extends its streak, one whose pilot or group had variance resets it to 0.
+  reward variance. An observation is a generated group: a flat one extends the prompt's streak, one with variance
+  resets it to 0.
 * **Per-prompt skip probability** (GRESO's streak rule): a prompt with streak c is skipped with probability
 
       q(c) = 1 - max(base^c, floor)            (q(0) = 0: a prompt never seen, or last seen with variance)
@@ -19,7 +19,7 @@ own history and skips them before generation. Our policy (the design and its rea
   prompt the changing policy has made informative again comes back; its first observation with variance resets
   its streak.
 * **Adaptation of the base**, without windup: after a batch in which at least one candidate was drawn, the base
-  moves against the share z of zero-variance observations among the prompts generated (pilots or groups):
+  moves against the share z of zero-variance observations among the prompts generated:
 
       base <- clip(base - rate * (z - target), BASE_MIN, BASE_MAX)
 
@@ -27,13 +27,11 @@ own history and skips them before generation. Our policy (the design and its rea
   candidate leaves the base alone: skipping could not have changed its share (the first pass over the data, where
   the old global probability fell for nothing).
 
-A skipped prompt is not observed (it costs no pilot and no rollout) and keeps its streak. A decision compares q(c)
-with a uniform draw the caller supplies. The samples generator of the integration, which draws prompts through the
-policy and reports every pilot and group, keys that draw by (seed, batch, prompt, the prompt's occurrence in the
-batch) (``core.selection.keyed_uniform``), not by the order of the draws: a prompt drawn in the same batch with the
-same history gets the same decision in a run, its rerun and a resumed run. Which prompts a screened batch draws,
-and so the history, still follows the order in which pilots return (docs/generation.md, Reproducibility). The
-policy is plain Python.
+A skipped prompt is not observed (it costs no rollout) and keeps its streak. A decision compares q(c) with a
+uniform draw the caller supplies. The samples generator of the integration, which draws prompts through the policy
+and reports every generated group, keys that draw by (seed, batch, prompt, the prompt's occurrence in the batch)
+(``core.selection.keyed_uniform``), not by the order of the draws: a prompt drawn in the same batch with the same
+history gets the same decision in a run, its rerun and a resumed run. The policy is plain Python.
 """
 
 from __future__ import annotations
@@ -51,7 +49,7 @@ MAX_STREAK = 128  # BASE_MAX^128 < MIN_FLOOR: a longer streak changes no probabi
 
 
 def zero_variance(rewards: Iterable[float]) -> bool:
-    """Whether a group's (or pilot's) rewards are all equal: every group-relative advantage is then 0."""
+    """Whether a group's rewards are all equal: every group-relative advantage is then 0."""
     rewards = [float(reward) for reward in rewards]
     if not rewards:
         raise ValueError("an observed group has no rewards")
@@ -115,7 +113,7 @@ class PromptSkipPolicy:
         return uniform < self.skip_probability(key)
 
     def observe(self, key: str, rewards: Iterable[float]) -> bool:
-        """Record one observation of ``key`` (a group's or a pilot's rewards); returns whether they were all equal."""
+        """Record one observation of ``key`` (a group's rewards); returns whether they were all equal."""
         flat = zero_variance(rewards)
         if flat:
             self.streaks[key] = min(self.streak(key) + 1, MAX_STREAK)

@@ -371,8 +371,8 @@ def step_generator(seed: int, step: int) -> torch.Generator:
 
 def keyed_uniform(seed: int, stream: str, *key) -> float:
     """A uniform draw in [0, 1) that is a pure function of (seed, stream, key): a decision that reads it is the same
-    whenever and in whatever order it is taken (the generation level's, whose prompts are decided as their pilots
-    return). Distinct streams (``"skip"``, ``"audit"``) and keys draw independently; ``key`` holds ints and strings,
-    e.g. (batch, prompt key, occurrence of the prompt in the batch)."""
+    whenever and in whatever order it is taken (the generation level's skip decisions). Distinct streams (e.g.
+    ``"skip"``) and keys draw independently; ``key`` holds ints and strings, e.g. (batch, prompt key, occurrence of
+    the prompt in the batch)."""
     digest = hashlib.blake2b(repr((int(seed), stream, *key)).encode(), digest_size=8).digest()
     return (int.from_bytes(digest, "little") >> 11) * 2.0**-53  # 53 bits: every float64 draw is exact

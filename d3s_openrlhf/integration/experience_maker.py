@@ -15,23 +15,17 @@ Per rollout batch of B prompts x G rollouts (``make_experience_batch``):
 5. Scalar advantages of the kept rollouts: the full-group estimator values (``group``) or the estimator over each
    group's kept members (``subset``); then upstream's per-token steps (``compute_reward`` with the KL term,
    ``get_cumulative_returns``, reinforce_baseline's whitening).
-6. With screening (``--d3s.pilot_rollouts k``) every group of the batch passed a pilot of k: the advantages of
-   its rollouts, as upstream's per-token steps left them, are multiplied by the group's
-   ``core.screening.screening_weights``, computed on the rewards the pilots were screened on (before length
-   penalties), which undoes the screen's conditioning (docs/generation.md, "Screened groups are weighted").
-7. With K < 1 at this step the actor's experience-making forward also returns the old policy's per-token
+6. With K < 1 at this step the actor's experience-making forward also returns the old policy's per-token
    entropy (no extra forward) and ``token_keep_mask`` over |A_{i,t}| * H_{i,t} of the kept rollouts is stored
    as ``experience.info["d3s_pg_mask"]`` (bool, same shape as ``action_mask``) for the actor's loss.
 
 When no rollout is dropped at a step (sample selection off, or N*B rounding up to all B*G rollouts), the batch
 goes through upstream's ``make_experience_batch`` itself (advantages and returns exactly upstream's), plus the
-token mask when K < 1 and the screening weights; with K = 1 and no screening as well, nothing differs from
-upstream.
+token mask when K < 1; with K = 1 as well, nothing differs from upstream.
 
 Metrics (``last_metrics``, merged into the trainer's step status): the ``d3s/*`` keys of
-``d3s_openrlhf.core.metrics.step_metrics``, ``d3s/select_time_s`` (driver time spent on selection, advantages,
-the screening weights and the token mask, forwards excluded) and with screening ``d3s/screen_weight_mean`` and
-``d3s/screen_weight_max`` over the batch's groups.
+``d3s_openrlhf.core.metrics.step_metrics`` and ``d3s/select_time_s`` (driver time spent on selection, advantages
+and the token mask, forwards excluded).
 """
 
 from __future__ import annotations
@@ -51,7 +45,6 @@ from d3s_openrlhf.core.advantages import ADVANTAGE_ESTIMATORS, group_advantages
 from d3s_openrlhf.core.batching import intra_counts
 from d3s_openrlhf.core.config import D3SConfig
 from d3s_openrlhf.core.metrics import step_metrics
-from d3s_openrlhf.core.screening import screening_weights
 from d3s_openrlhf.core.selection import select_rollouts, step_generator
 from d3s_openrlhf.core.token_mask import token_keep_mask, token_mask_metrics
 from d3s_openrlhf.integration.host import PG_MASK_KEY, config_from_args, kept_count_unit, kept_rollout_count
@@ -117,7 +110,6 @@ class D3SExperienceMaker(RemoteExperienceMaker):
         )
         all_tokens = sum(int(sample.action_mask.sum()) for sample in rollout_samples)
         token_level = self.k < 1.0
-        weights = self._screening_weights(rollout_samples, num_prompts)  # refused before any forward
 
         if kept == total:
             if rollout_samples[0].rewards is not None:  # precomputed: refuse bad ones before any forward
@@ -127,14 +119,12 @@ class D3SExperienceMaker(RemoteExperienceMaker):
             rewards = self._reward_grid(experiences)
             self._check_rewards(rewards.reshape(-1))
             advantages = kept_advantages = self._scalar_advantages(rewards)
-            kept_index = torch.arange(total)
         else:
-            experiences, entropies, rewards, advantages, kept_advantages, kept_index = self._make_selected(
+            experiences, entropies, rewards, advantages, kept_advantages = self._make_selected(
                 rollout_samples, num_prompts, kept, token_level
             )
             self.last_rollouts = rollout_samples
             t0 = time.perf_counter()
-        screen_metrics = self._weight_screened(experiences, kept_index, weights) if weights is not None else {}
 
         # the response tokens of the kept rollouts: what K is applied to
         candidate_tokens = sum(int(e.action_mask.sum()) for e in experiences)
@@ -150,7 +140,6 @@ class D3SExperienceMaker(RemoteExperienceMaker):
             kept_advantages=kept_advantages,
             token_stats=token_stats,
         )
-        metrics.update(screen_metrics)
         metrics["d3s/select_time_s"] = self._select_time + time.perf_counter() - t0
         self.last_metrics = metrics
         return experiences
@@ -159,7 +148,7 @@ class D3SExperienceMaker(RemoteExperienceMaker):
         """Rewards, selection, forwards of the kept rollouts, their returns; times the non-forward parts.
 
         Returns (experiences, entropies or None, rewards (B, G), full-group scalar advantages (B*G,), scalar
-        advantages of the kept rollouts as trained, the kept rollouts' positions (kept,) in the batch).
+        advantages of the kept rollouts as trained).
         """
         args = self.args
         if rollout_samples[0].rewards is None:
@@ -191,7 +180,7 @@ class D3SExperienceMaker(RemoteExperienceMaker):
         t0 = time.perf_counter()
         self._shape_returns(experiences, scalars, kept_index, rewards)
         self._select_time += time.perf_counter() - t0
-        return experiences, entropies, rewards, full.reshape(-1), scalars[kept_index], kept_index
+        return experiences, entropies, rewards, full.reshape(-1), scalars[kept_index]
 
     def _check_rewards(self, rewards: torch.Tensor) -> None:
         """Raise if any reward (B*G,) is NaN or infinite: selection, advantages and the loss would all be NaN."""
@@ -227,30 +216,6 @@ class D3SExperienceMaker(RemoteExperienceMaker):
             local = select_rollouts(values[rows], count, scope="intra", rule=rule, generator=generator)
             chosen.append(rows[local // group_size] * group_size + local % group_size)
         return torch.cat(chosen).sort().values
-
-    # ── screened groups ──
-
-    def _screening_weights(self, rollout_samples, num_prompts: int) -> Optional[torch.Tensor]:
-        """(B,) screening weights of the batch's groups from the rewards the pilots were screened on (as the
-        generator put them on the samples, before length penalties), or None without screening."""
-        if not self.d3s.screening_enabled:
-            return None
-        if any(sample.rewards is None for sample in rollout_samples):
-            raise ValueError(
-                f"screening (--d3s.pilot_rollouts {self.d3s.pilot_rollouts}) decided on rewards given at generation "
-                "time, but some rollouts reached the experience maker without one"
-            )
-        rewards = torch.cat([sample.rewards for sample in rollout_samples])
-        self._check_rewards(rewards)
-        return screening_weights(rewards.reshape(num_prompts, self.group_size), self.d3s.pilot_rollouts)
-
-    def _weight_screened(self, experiences, kept_index: torch.Tensor, weights: torch.Tensor) -> Dict[str, float]:
-        """Multiply each trained rollout's advantages by its group's screening weight; the weights' metrics."""
-        for experience in experiences:
-            rows = kept_index[torch.tensor(experience.index, dtype=torch.long)] // self.group_size
-            scale = weights[rows].to(experience.advantages.dtype).unsqueeze(1)
-            experience.advantages = experience.advantages * scale
-        return {"d3s/screen_weight_mean": weights.mean().item(), "d3s/screen_weight_max": weights.max().item()}
 
     # ── forwards ──
 

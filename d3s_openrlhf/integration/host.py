@@ -280,10 +280,10 @@ def steps_unknown_in_advance(args, config: D3SConfig) -> Optional[str]:
 
 def fixed_steps(config: D3SConfig, args) -> Optional[int]:
     """The run's exact number of training steps, ``--d3s.schedule_steps`` with the prompts cycled as often as it
-    takes, when prompts are dropped before training: skipping or screening (where the config requires it), or
-    upstream's dynamic filtering with ``--d3s.schedule_steps`` set (GRESO's equal-steps baseline). Else None:
-    upstream's passes over the data."""
-    if config.generation_enabled or (args.algo.dynamic_filtering_enable and config.schedule_steps > 0):
+    takes, when prompts are dropped before training: skipping (where the config requires it), or upstream's dynamic
+    filtering with ``--d3s.schedule_steps`` set (GRESO's equal-steps baseline). Else None: upstream's passes over
+    the data."""
+    if config.skip_enabled or (args.algo.dynamic_filtering_enable and config.schedule_steps > 0):
         return config.schedule_steps
     return None
 
@@ -303,8 +303,8 @@ def rollout_steps(num_prompts: int, args) -> int:
 
 
 def expected_passes(args, config: D3SConfig, num_prompts: int) -> float:
-    """Passes over ``num_prompts`` prompts that the fixed steps take at the least (no prompt skipped or screened
-    out): S x B / prompts."""
+    """Passes over ``num_prompts`` prompts that the fixed steps take at the least (no prompt skipped or
+    filtered): S x B / prompts."""
     return config.schedule_steps * args.rollout.batch_size / max(num_prompts, 1)
 
 
@@ -331,7 +331,7 @@ def scaled_max_steps(args, cfg: D3SConfig, max_steps: int, run_steps: int) -> in
     ``max_steps`` (which counts all B*G rollouts of every step, partial last batches by their size); unchanged
     with ``max_steps`` <= 0, and without sample selection unless the run's steps are set otherwise (below).
 
-    With fixed steps (:func:`fixed_steps`: skipping, screening, or dynamic filtering with ``--d3s.schedule_steps``)
+    With fixed steps (:func:`fixed_steps`: skipping, or dynamic filtering with ``--d3s.schedule_steps``)
     the run trains exactly R = ``--d3s.schedule_steps`` full batches, cycling over the prompts, so the horizon is
     the formula's, uncapped (upstream's count assumes its passes).
     """
@@ -528,14 +528,13 @@ def check_generate_batch_size(config: D3SConfig, args) -> Optional[str]:
 
 
 def check_generation_rewards(config: D3SConfig, args) -> Optional[str]:
-    """Prompt skipping and screening get each prompt's rewards as its rollouts are generated."""
-    if not (config.generation_enabled and reward_model_used(args)):
+    """Prompt skipping gets each prompt's rewards as its rollouts are generated."""
+    if not (config.skip_enabled and reward_model_used(args)):
         return None
     return (
-        f"--d3s.prompt_skip {config.prompt_skip} / --d3s.pilot_rollouts {config.pilot_rollouts} decide from the "
-        "rewards of each prompt's rollouts as they are generated, but these flags score rollouts with a reward model "
-        "after generation; give rewards at generation time (--reward.remote_url or --train.agent_func_path), or "
-        "turn prompt skipping and screening off"
+        f"--d3s.prompt_skip {config.prompt_skip} decides from the rewards of each prompt's rollouts as they are "
+        "generated, but these flags score rollouts with a reward model after generation; give rewards at generation "
+        "time (--reward.remote_url or --train.agent_func_path), or turn prompt skipping off"
     )
 
 
@@ -550,41 +549,16 @@ def check_skip_group_size(config: D3SConfig, args) -> Optional[str]:
     )
 
 
-def check_pilot_within_group(config: D3SConfig, args) -> Optional[str]:
-    """A screening pilot is the first part of its prompt's group, not all of it."""
-    group_size = args.rollout.n_samples_per_prompt
-    if not (config.screening_enabled and config.pilot_rollouts >= group_size):
-        return None
-    return (
-        f"--d3s.pilot_rollouts {config.pilot_rollouts} must be below --rollout.n_samples_per_prompt {group_size}: "
-        "the pilot is the first part of each prompt's group; lower the pilot or raise the group size"
-    )
-
-
-def check_screening_estimator(config: D3SConfig, args) -> Optional[str]:
-    """Screening drops the prompts whose pilot rewards are all equal, and weights the groups it keeps to stand in
-    for them (``core.screening.screening_weights``): both hold only where a flat group has no advantage, i.e. under
-    a group-relative estimator."""
-    estimator = args.algo.advantage.estimator
-    if not config.screening_enabled or estimator in ADVANTAGE_ESTIMATORS:
-        return None
-    return (
-        f"--d3s.pilot_rollouts {config.pilot_rollouts} screens out the prompts whose pilot rewards are all equal, "
-        f"which carry no signal only under a group-relative estimator, but --algo.advantage.estimator is "
-        f"{estimator} (it gives such prompts advantages); use one of {', '.join(ADVANTAGE_ESTIMATORS)}, or "
-        "--d3s.pilot_rollouts 0"
-    )
-
-
 def check_stall_passes(config: D3SConfig, args) -> Optional[str]:
-    """--d3s.stall_passes bounds a run that cannot fill its batches, which only screening or dynamic filtering at
-    fixed steps can be: elsewhere every drawn prompt's group joins, and the flag would be ignored."""
-    can_stall = config.screening_enabled or (args.algo.dynamic_filtering_enable and fixed_steps(config, args))
+    """--d3s.stall_passes bounds a run that cannot fill its batches, which only dynamic filtering at fixed steps can
+    be: elsewhere every drawn prompt's group joins (a skip candidate is still generated with probability at least
+    --d3s.skip_floor), and the flag would be ignored."""
+    can_stall = args.algo.dynamic_filtering_enable and fixed_steps(config, args) is not None
     if config.stall_passes == D3SConfig.stall_passes or can_stall:
         return None
     return (
-        f"--d3s.stall_passes {config.stall_passes} does nothing here: only screening (--d3s.pilot_rollouts) or "
-        "--algo.dynamic_filtering_enable with --d3s.schedule_steps can leave a batch unfilled; drop it"
+        f"--d3s.stall_passes {config.stall_passes} does nothing here: only --algo.dynamic_filtering_enable with "
+        "--d3s.schedule_steps can leave a batch unfilled; drop it"
     )
 
 
@@ -711,8 +685,6 @@ HOST_CHECKS: Tuple[HostCheck, ...] = (
     check_generate_batch_size,
     check_generation_rewards,
     check_skip_group_size,
-    check_pilot_within_group,
-    check_screening_estimator,
     check_stall_passes,
     *(
         functools.partial(check, group=group)

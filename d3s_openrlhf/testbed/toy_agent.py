@@ -5,8 +5,7 @@ prompt. Turn 1: the model answers the question; the environment gives no reward 
 Turn 2: the model answers again; the episode ends with its only reward, the share of the two answers (each up to its
 first EOS) that are the label: 0, 0.5 or 1. Both answers are action tokens of the rollout; the repeated question is
 not. Counting the first answer too keeps the reward of most prompts varied: the toy model rarely answers right after
-the repeated question, and a reward of the second answer alone was flat for all but a few prompts, so that screening
-(``--d3s.pilot_rollouts``) could pass no pilot for passes over the prompts.
+the repeated question, and a reward of the second answer alone was flat for all but a few prompts.
 """
 
 import torch

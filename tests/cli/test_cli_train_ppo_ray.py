@@ -375,7 +375,6 @@ def test_dry_run_with_schedule_steps_prints_steps_the_run_trains(capsys):
 @pytest.mark.parametrize(
     "level",
     [
-        ["--d3s.pilot_rollouts", "4"],
         ["--d3s.prompt_skip", "history"],
         ["--d3s.preset", "d1s", "--d3s.n_init", "8", "--d3s.n_final", "8", "--algo.dynamic_filtering_enable"],
     ],

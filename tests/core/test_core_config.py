@@ -105,14 +105,9 @@ BAD_VALUES = [
     ("skip_target", float("nan"), r"in \[0, 1\)"),
     ("skip_rate", 0.0, "> 0"),
     ("skip_rate", True, "> 0"),
-    ("pilot_rollouts", 1, "0 \\(off\\) or an int >= 2"),
-    ("pilot_rollouts", -2, "0 \\(off\\) or an int >= 2"),
-    ("pilot_rollouts", 2.0, "0 \\(off\\) or an int >= 2"),
-    ("pilot_audit", 1.5, r"in \[0, 1\]"),
     ("stall_passes", 0, "an int >= 1"),
     ("stall_passes", 2.5, "an int >= 1"),
     ("stall_passes", True, "an int >= 1"),
-    ("pilot_audit", 0.5, "needs --d3s.pilot_rollouts"),
 ]
 
 
@@ -145,7 +140,7 @@ def test_schedule_steps_with_d3s_off_is_refused(off):
 
 @pytest.mark.parametrize(
     "on",
-    [{"chunked_logits": True}, {"k_init": 0.5}, {"preset": "d1s"}, {"pilot_rollouts": 2}, {"prompt_skip": "history"}],
+    [{"chunked_logits": True}, {"k_init": 0.5}, {"preset": "d1s"}, {"prompt_skip": "history"}],
 )
 def test_schedule_steps_with_d3s_on_is_taken(on):
     assert D3SConfig.from_flags({"preset": "grpo", **on, "schedule_steps": 150}).schedule_steps == 150
@@ -154,7 +149,7 @@ def test_schedule_steps_with_d3s_on_is_taken(on):
 def test_stall_passes_with_d3s_off_is_refused():
     with pytest.raises(ValueError, match="does nothing with D3S off"):
         D3SConfig.from_flags({"stall_passes": 8})
-    assert D3SConfig.from_flags({"stall_passes": 8, "pilot_rollouts": 4, "schedule_steps": 10}).stall_passes == 8
+    assert D3SConfig.from_flags({"stall_passes": 8, "chunked_logits": True}).stall_passes == 8
 
 
 def test_chunked_logits_turns_d3s_on_and_contradicts_full_logits():

@@ -128,7 +128,7 @@ def test_bad_parameters_are_reported_together_with_their_requirements():
 def test_the_config_builds_the_policy_and_refuses_bad_flags():
     flags = {"preset": "grpo", "prompt_skip": "history", "schedule_steps": 10, "skip_base": 0.7, "skip_rate": 0.2}
     config = D3SConfig.from_flags(flags)
-    assert config.enabled and config.skip_enabled and config.generation_enabled and not config.samples_enabled
+    assert config.enabled and config.skip_enabled and not config.samples_enabled
     policy = config.skip_policy()
     assert (policy.base, policy.rate, policy.floor, policy.target) == (0.7, 0.2, 0.01, 0.25)
     with pytest.raises(ValueError) as refused:  # every bad option at once
@@ -138,8 +138,7 @@ def test_the_config_builds_the_policy_and_refuses_bad_flags():
     assert not D3SConfig().skip_enabled
 
 
-@pytest.mark.parametrize("flags", [{"prompt_skip": "history"}, {"pilot_rollouts": 4}])
-def test_skipping_or_screening_requires_the_fixed_steps(flags):
+def test_skipping_requires_the_fixed_steps():
     with pytest.raises(ValueError, match=r"--d3s.schedule_steps=0: must be > 0 with .*cycling over the prompts"):
-        D3SConfig.from_flags({"preset": "d3s", **flags})
-    assert D3SConfig.from_flags({"preset": "grpo", "schedule_steps": 5, **flags}).generation_enabled
+        D3SConfig.from_flags({"preset": "d3s", "prompt_skip": "history"})
+    assert D3SConfig.from_flags({"preset": "grpo", "schedule_steps": 5, "prompt_skip": "history"}).skip_enabled

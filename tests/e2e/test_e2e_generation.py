@@ -1,14 +1,13 @@
-"""The generation level (``--d3s.prompt_skip history``, ``--d3s.pilot_rollouts k``, fixed steps) in real
-``train_ppo_ray`` runs on the CPU runtime, over a toy task in which a known half of the prompts is always solved:
-the reward file gives every rollout of an "easy" prompt (operands with an even sum) reward 1 and scores the others
-by exact match, and logs each scored rollout so that the test can count what was generated, pilots included.
+"""The generation level (``--d3s.prompt_skip history``, fixed steps) in real ``train_ppo_ray`` runs on the CPU
+runtime, over a toy task in which a known half of the prompts is always solved: the reward file gives every rollout
+of an "easy" prompt (operands with an even sum) reward 1 and scores the others by exact match, and logs each scored
+rollout so that the test can count what was generated.
 
-Every mode of the issue's list runs once with screening: sync (D3S + screening + history, several passes), async
-with dynamic filtering, dynamic batching on a two-node Ray cluster (two ZeRO-3 ranks, two vLLM engines), a
-checkpoint resume (also one of history alone, and one from the best checkpoint of an evaluation, sync and async),
-and a multi-turn agent; and a run that can never fill a batch (a reward that never varies, under pilots or under
-upstream's filter) stops with the stall rule's message. The reward always comes at generation time
-(``--reward.remote_url`` with a reward file, or the agent)."""
+Sync (D3S + history, several passes), async with dynamic filtering, dynamic batching on a two-node Ray cluster
+(two ZeRO-3 ranks, two vLLM engines), a checkpoint resume (also one from the best checkpoint of an evaluation, sync
+and async); and a run that can never fill a batch (a reward that never varies under upstream's filter) stops with
+the stall rule's message. The reward always comes at generation time (``--reward.remote_url`` with a reward
+file)."""
 
 import dataclasses
 from pathlib import Path
@@ -20,7 +19,7 @@ from d3s_openrlhf.testbed.ray_cluster import Cluster
 
 pytestmark = pytest.mark.e2e
 
-PROMPTS, GROUP, PILOT, STEPS = 16, 8, 2, 10  # 10 steps of 4 prompts: 2.5 passes at the least
+PROMPTS, GROUP, STEPS = 16, 8, 10  # 10 steps of 4 prompts: 2.5 passes at the least
 BASE = pipeline.RLConfig(
     prompts_per_step=4, samples_per_prompt=GROUP, steps=PROMPTS // 4, train_batch_size=8, micro_batch_size=8
 )
@@ -28,12 +27,10 @@ BASE = pipeline.RLConfig(
 # one whose rollouts have no kept token or equal rewards
 ENTROPY = ["--actor.entropy_coef", "0.01"]
 D3S = ["--d3s.preset", "d3s", "--d3s.n_init", "4", "--d3s.n_final", "8", "--d3s.schedule_steps", str(STEPS), *ENTROPY]
-SCREEN = ["--d3s.pilot_rollouts", str(PILOT)]
 SKIP = ["--d3s.prompt_skip", "history"]
-TOY_AGENT = str(Path(pipeline.__file__).with_name("toy_agent.py"))
 
 REWARD = """
-import random, re, torch
+import re, torch
 
 def reward_func(queries, prompts, labels, **kwargs):
     rewards = []
@@ -75,64 +72,52 @@ def scored(log):
 
 
 def assert_generation_run(run, assert_clean_run, steps=STEPS, first=1):
-    """Exactly the fixed steps, each a full batch of full groups, none of them without reward variance."""
+    """Exactly the fixed steps, each a full batch of full groups."""
     assert_clean_run(run, range(first, steps + 1))
     for step, values in run.steps.items():
         assert values["rollout/num_samples"] == 4 * GROUP, (step, values["rollout/num_samples"])
-        assert values["d3s/zero_var_groups"] == 0, step  # a pilot with variance makes a group with variance
         assert values["d3s/generated_tokens"] >= 4 * GROUP, step
-        if "d3s/pilots" in values:  # (a batch filled by pilots carried from the last one ran none)
-            assert 0 <= values["d3s/screened_prompts"] <= values["d3s/pilots"], step
-            # every group passed a pilot: its advantages were weighted, by 1 to G / k
-            weights = values["d3s/screen_weight_mean"], values["d3s/screen_weight_max"]
-            assert 1 <= weights[0] <= weights[1] <= GROUP / PILOT, (step, weights)
 
 
-def test_d3s_with_screening_and_history_trains_the_fixed_steps(toy_sft, run_pipeline, assert_clean_run, tmp_path):
+def test_d3s_with_history_trains_the_fixed_steps(toy_sft, run_pipeline, assert_clean_run, tmp_path):
     reward, log = reward_file(tmp_path, "sync")
-    config = dataclasses.replace(BASE, reward=reward, extra=D3S + SCREEN + SKIP)
+    config = dataclasses.replace(BASE, reward=reward, extra=D3S + SKIP)
     run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "sync", config), name="sync")
     assert_generation_run(run, assert_clean_run)
-    # a batch that starts with no pilot carried into it dispatches at least B pilots (one filled by carried pilots
-    # dispatches none: d3s/carried_pilots is what a step leaves for the next)
-    carried_in = {step: run.steps.get(step - 1, {}).get("d3s/carried_pilots", 0) for step in run.steps}
-    assert all(values["d3s/pilots"] >= 4 for step, values in run.steps.items() if carried_in[step] == 0), run.steps
     counts, easy = scored(log)
     assert len(counts) == PROMPTS and 0 < len(easy) < PROMPTS
-    screened = sum(values["d3s/screened_prompts"] for values in run.steps.values())
-    skipped = sum(values["d3s/skipped_prompts"] for values in run.steps.values())
-    assert screened >= len(easy) and skipped > 0  # every easy prompt's first pilot screens it; then the history
-    # an easy prompt costs its pilots only, and fewer of them once its history makes it a skip candidate
-    assert all(counts[prompt] % PILOT == 0 and counts[prompt] < 4 * GROUP for prompt in easy), counts
+    # every easy prompt's first group is flat: a skip candidate from then on
+    assert sum(values["d3s/skipped_prompts"] for values in run.steps.values()) > 0
+    assert all(count % GROUP == 0 for count in counts.values()), counts  # a prompt is generated whole or skipped
     assert run.steps[STEPS]["d3s/passes"] >= 3
-    # a skip needs an earlier observation of the prompt: in the first batch only once its pilots reached pass 2
+    # a skip needs an earlier observation of the prompt: in the first batch only once its draws reached pass 2
     assert run.steps[1]["d3s/skipped_prompts"] == 0 or run.steps[1]["d3s/passes"] >= 2
 
 
 def test_async_with_dynamic_filtering(toy_sft, run_pipeline, assert_clean_run, tmp_path):
-    """Screening, skipping and upstream's filter at once, in async mode: the pilot screens out flat groups, the
-    filter's range applies to the full groups, each prompt draw counted once."""
+    """Skipping and upstream's filter at once, in async mode: the filter's range drops the flat groups."""
     reward, log = reward_file(tmp_path, "async")
     filtering = ["--algo.dynamic_filtering_enable", "--algo.dynamic_filtering_range", "0.05", "0.95"]
-    extra = grpo() + SCREEN + SKIP + filtering + ["--train.async_enable"]
+    extra = grpo() + SKIP + filtering + ["--train.async_enable"]
     config = dataclasses.replace(BASE, reward=reward, extra=extra)
     run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "async", config), name="async")
     assert_generation_run(run, assert_clean_run)
-    counts, easy = scored(log)
-    assert all(counts[prompt] % PILOT == 0 and counts[prompt] < 4 * GROUP for prompt in easy), counts
+    counts, _ = scored(log)
+    assert all(count % GROUP == 0 for count in counts.values()), counts
     for step, values in run.steps.items():
         assert values["dynamic_filtering_pass_rate"] > 0, step
+        assert values["d3s/zero_var_groups"] == 0, step  # the filter's range drops the flat groups
 
 
 def test_dynamic_batching_on_two_nodes(toy_sft, run_pipeline, assert_clean_run, tmp_path):
     """A Ray cluster of two nodes: two ZeRO-3 actor ranks with dynamic batching, two vLLM engines sharing the
-    pilots and the rest of the groups."""
+    groups."""
     reward, _ = reward_file(tmp_path, "nodes")
     dynamic = ["--train.dynamic_batch_enable", "--train.max_tokens_per_gpu", "48", "--rollout.max_tokens_per_gpu", "48"]
     layout = ["--actor.num_nodes", "2", "--actor.num_gpus_per_node", "1", "--ref.num_nodes", "2"]
     layout += ["--ref.num_gpus_per_node", "1", "--vllm.num_engines", "2"]
     config = dataclasses.replace(
-        BASE, reward=reward, zero_stage=3, train_batch_size=16, extra=grpo(6) + SCREEN + dynamic + layout
+        BASE, reward=reward, zero_stage=3, train_batch_size=16, extra=grpo(6) + SKIP + dynamic + layout
     )
     with (
         open(tmp_path / "cluster.log", "w") as log,
@@ -162,23 +147,6 @@ def test_resume_restores_the_position_and_the_history(toy_sft, run_pipeline, ass
     assert run.steps[5]["d3s/skip_candidates"] >= 4 and run.steps[5]["d3s/skipped_prompts"] > 0, run.tail()
 
 
-def test_a_screened_run_resumes_at_its_step(toy_sft, run_pipeline, assert_clean_run, tmp_path):
-    """Screening and history through a checkpoint at step 4: the resumed run trains steps 5-10, full batches of
-    groups with variance, from the restored position and history (an easy prompt still costs its pilots only)."""
-    # easy prompts flat; the others rewarded at random, so that half of their pilots pass whatever the model
-    reward, log = reward_file(tmp_path, "screened", mixed="float(random.random() < 0.5)")
-    checkpoint = ["--ckpt.save_steps", "4", "--ckpt.path", str(tmp_path / "checkpoints")]
-    first = dataclasses.replace(BASE, reward=reward, extra=grpo(4) + SCREEN + SKIP + checkpoint)
-    run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "first", first), name="first")
-    assert_generation_run(run, assert_clean_run, steps=4)
-    resumed = dataclasses.replace(first, extra=grpo() + SCREEN + SKIP + checkpoint + ["--ckpt.load_enable"])
-    run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "resumed", resumed), name="resumed")
-    assert_generation_run(run, assert_clean_run, first=5)
-    counts, easy = scored(log)
-    assert all(counts[prompt] % PILOT == 0 and counts[prompt] < 4 * GROUP for prompt in easy), counts
-    assert sum(values["d3s/skipped_prompts"] for values in run.steps.values()) > 0, run.tail()
-
-
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_a_run_resumes_from_its_best_checkpoint_with_the_history(
     toy_sft, run_pipeline, assert_clean_run, tmp_path, mode
@@ -204,34 +172,21 @@ def test_a_run_resumes_from_its_best_checkpoint_with_the_history(
     assert run.steps[start]["d3s/skip_candidates"] >= 4 and run.steps[start]["d3s/skipped_prompts"] > 0, run.tail()
 
 
-def test_a_multi_turn_agent_is_screened_by_its_final_rewards(toy_sft, run_pipeline, assert_clean_run, tmp_path):
-    agent = ["--train.agent_func_path", TOY_AGENT, "--data.max_len", "32"]
-    config = dataclasses.replace(BASE, extra=grpo(3) + SCREEN + agent)
-    run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "agent", config), name="agent")
-    assert_clean_run(run, range(1, 4))
-    for step, values in run.steps.items():
-        assert values["agent_turns"] == 2, (step, values.get("agent_turns"))
-        assert values["d3s/zero_var_groups"] == 0, step
-
-
-@pytest.mark.parametrize("screening", [True, False], ids=["pilots", "dynamic-filtering"])
-def test_a_run_that_can_never_fill_stops_with_the_flags_to_change(screening, toy_sft, run_pipeline, tmp_path):
-    """A reward that never varies within a prompt (1 for an easy prompt, 0 for the others): every pilot is flat, or
-    every group falls outside upstream's dynamic filtering range, so no batch can fill. The real pipeline must stop,
-    not generate for ever: the samples generator's stall rule raises once --d3s.stall_passes passes over the prompts
-    went by without a group joining, the error reaches the launcher's exit code and log with the flags to change,
-    and no process outlives the run."""
-    name = "pilots" if screening else "filtering"
+def test_a_run_that_can_never_fill_stops_with_the_flags_to_change(toy_sft, run_pipeline, tmp_path):
+    """A reward that never varies within a prompt (1 for an easy prompt, 0 for the others): every group falls outside
+    upstream's dynamic filtering range, so no batch can fill. The real pipeline must stop, not generate for ever: the
+    samples generator's stall rule raises once --d3s.stall_passes passes over the prompts went by without a group
+    joining, the error reaches the launcher's exit code and log with the flags to change, and no process outlives
+    the run."""
+    name = "filtering"
     reward, log = reward_file(tmp_path, name, mixed="0.0")
-    level = (
-        SCREEN if screening else ["--algo.dynamic_filtering_enable", "--algo.dynamic_filtering_range", "0.05", "0.95"]
-    )
+    level = ["--algo.dynamic_filtering_enable", "--algo.dynamic_filtering_range", "0.05", "0.95"]
     config = dataclasses.replace(BASE, reward=reward, extra=D3S + level + ["--d3s.stall_passes", "1"])
     run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, name, config), name=name)
     assert isinstance(run.returncode, int) and run.returncode != 0, f"exit {run.returncode}\n{run.tail()}"
     text = Path(run.log).read_text()
     assert f"the last {PROMPTS} prompts generated (1 passes over the prompts, --d3s.stall_passes)" in text, run.tail()
-    assert "--d3s.pilot_rollouts" in text and not run.steps  # the message names the flags; no step trained
+    assert "--algo.dynamic_filtering_range" in text and not run.steps  # the message names the flags; no step trained
     assert not run.leftovers, f"processes outlived the run: {run.leftovers}"
     counts, _ = scored(log)
     assert len(counts) == PROMPTS  # every prompt generated in the one pass the rule allows

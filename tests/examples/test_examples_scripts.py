@@ -334,9 +334,9 @@ def test_dry_run_rejects_broken_batch_sizes(overrides, complaint):
 
 
 def test_the_generation_levels_example_passes_the_dry_run(capsys):
-    """docs/generation.md's command (screening and history appended to a launch script) as the docs print it."""
+    """docs/generation.md's command (history skipping appended to a launch script) as the docs print it."""
     docs = (ROOT / "docs" / "generation.md").read_text()
     [command] = [line for line in docs.splitlines() if line.startswith("bash examples/scripts/")]
     script, *appended = shlex.split(command)[1:]
     lines = dry_run_lines(ROOT / script, capsys, *appended)
-    assert {"--d3s.pilot_rollouts 8", "--d3s.prompt_skip history", "--d3s.schedule_steps 175"} <= set(lines)
+    assert {"--d3s.prompt_skip history", "--d3s.schedule_steps 175"} <= set(lines)

@@ -685,59 +685,6 @@ def test_metrics(groups):
     assert 0.0 <= metrics["d3s/select_time_s"] < 5.0
 
 
-# ── screened groups ──
-
-# Groups that can pass a pilot of 2 (none all equal), with ties of several sizes, and their screening weights:
-# 1 / (1 - the share of the 2-subsets of the group whose rewards are equal).
-SCREENED = [[1.0, 1.0, 0.0, 0.7], [0.0, 1.3, 0.9, 0.4], [0.5, 0.5, 0.5, 0.7], [1.0, 1.0, 0.0, 0.0]]
-SCREEN_WEIGHTS = [6 / 5, 1.0, 2.0, 1.5]
-
-
-@pytest.mark.parametrize(
-    "preset,n,k",
-    [("grpo", 4, 1.0), ("d3s", 2, 0.5), ("pods", 2, 1.0)],
-    ids=["every-rollout-upstream", "d3s-selected-tokens", "pods-subset"],
-)
-@pytest.mark.parametrize("estimator", ESTIMATORS)
-def test_screened_groups_train_their_advantages_times_their_screening_weight(groups, estimator, preset, n, k):
-    args = host_args(estimator=estimator)
-    plain = make_maker(groups, args, config(preset=preset), kl=0.05, ref=True)
-    screened = make_maker(groups, args, config(preset=preset, pilot_rollouts=2, schedule_steps=10), kl=0.05, ref=True)
-    for maker in (plain, screened):
-        maker.set_schedule_point(3, n, k)
-    expected = by_rollout(plain.make_experience_batch(make_rollouts(SCREENED)), "advantages")
-    mine = screened.make_experience_batch(make_rollouts(SCREENED))
-    _records(groups.policy)
-    _records(groups.aux)
-    got = by_rollout(mine, "advantages")
-    assert sorted(got) == sorted(expected)
-    for rollout_id, advantages in got.items():
-        torch.testing.assert_close(advantages, expected[rollout_id] * SCREEN_WEIGHTS[rollout_id // 4])
-    metrics = screened.last_metrics
-    assert metrics["d3s/screen_weight_mean"] == pytest.approx(sum(SCREEN_WEIGHTS) / 4)
-    assert metrics["d3s/screen_weight_max"] == pytest.approx(2.0)
-    assert "d3s/screen_weight_mean" not in plain.last_metrics
-
-
-def test_screened_groups_are_weighted_on_the_rewards_before_length_penalties(groups):
-    args = host_args("--reward.overlong_buffer_len", "2", "--rollout.max_new_tokens", "6")
-    lengths = [2, 6, 3, 6] * 4  # the long ones lose 1: the weights on penalised rewards would be 1.2, 1, 1.2, 1.2
-    maker = make_maker(groups, args, config(preset="grpo", pilot_rollouts=2, schedule_steps=10))
-    maker.set_schedule_point(0, 4, 1.0)
-    maker.make_experience_batch(make_rollouts(SCREENED, response_lengths=lengths))
-    _records(groups.policy)
-    assert maker.last_metrics["d3s/screen_weight_mean"] == pytest.approx(sum(SCREEN_WEIGHTS) / 4)
-
-
-@pytest.mark.parametrize("preset,n", [("grpo", 4), ("d3s", 2)])
-def test_a_screened_group_with_all_rewards_equal_is_refused_before_any_forward(groups, preset, n):
-    maker = make_maker(groups, host_args(), config(preset=preset, pilot_rollouts=2, schedule_steps=10))
-    maker.set_schedule_point(0, n, 1.0)
-    with pytest.raises(ValueError, match=r"groups \[2\] have all 4 rewards equal"):
-        maker.make_experience_batch(make_rollouts(REWARDS))
-    assert _records(groups.policy) == [[], []]
-
-
 # ── the trainer step (BasePPOTrainer.train_step with the D3S mixin) ──
 
 

@@ -253,27 +253,21 @@ def skip_problems(*flags, **d3s):
     return ""
 
 
-@pytest.mark.parametrize("level", [{}, {"prompt_skip": "off", "pilot_rollouts": 2}])
-def test_the_generation_level_is_refused_where_it_cannot_learn_before_ray(level):
-    assert skip_problems("--reward.remote_url", "r.py", **level) == ""
-    assert skip_problems("--train.agent_func_path", "agent.py", **level) == ""
-    assert "give rewards at generation time" in skip_problems("--reward.model_name_or_path", "rm", **level)
+def test_the_generation_level_is_refused_where_it_cannot_learn_before_ray():
+    assert skip_problems("--reward.remote_url", "r.py") == ""
+    assert skip_problems("--train.agent_func_path", "agent.py") == ""
+    assert "give rewards at generation time" in skip_problems("--reward.model_name_or_path", "rm")
 
 
-def test_skipping_needs_groups_and_a_pilot_must_be_part_of_its_group():
+def test_skipping_needs_groups():
     one = skip_problems("--reward.remote_url", "r.py", "--rollout.n_samples_per_prompt", "1")
     assert "--rollout.n_samples_per_prompt is 1" in one
-    group = host.parse_host_args(SKIP_HOST).rollout.n_samples_per_prompt
-    pilot = skip_problems("--reward.remote_url", "r.py", pilot_rollouts=group)
-    assert f"--d3s.pilot_rollouts {group} must be below --rollout.n_samples_per_prompt {group}" in pilot
-    assert skip_problems("--reward.remote_url", "r.py", pilot_rollouts=group - 1) == ""
 
 
 @pytest.mark.parametrize("preset", ["grpo", "pods", "d3s"])
-@pytest.mark.parametrize("level", [{"prompt_skip": "history"}, {"pilot_rollouts": 2}])
-def test_skipping_or_screening_trains_the_fixed_steps_and_the_lr_horizon_follows(preset, level):
+def test_skipping_trains_the_fixed_steps_and_the_lr_horizon_follows(preset):
     moving = dict(n_init=2, n_final=8) if preset == "d3s" else {}
-    config = D3SConfig.from_flags({"preset": preset, "schedule_steps": 30, **moving, **level})
+    config = D3SConfig.from_flags({"preset": preset, "schedule_steps": 30, **moving, "prompt_skip": "history"})
     args = horizon_args()
     args.d3s = host.config_namespace(config)
     for filtering in (False, True):
@@ -374,21 +368,6 @@ CHECK_CASES = [
         [*REMOTE, "--rollout.n_samples_per_prompt", "1"],
         REMOTE,
         "needs at least 2 rollouts per prompt; --rollout.n_samples_per_prompt is 1",
-    ),
-    (
-        host.check_pilot_within_group,
-        {"preset": "grpo", "pilot_rollouts": 8, "schedule_steps": 20},
-        REMOTE,
-        [*REMOTE, "--rollout.n_samples_per_prompt", "16"],
-        "--d3s.pilot_rollouts 8 must be below --rollout.n_samples_per_prompt 8",
-    ),
-    (
-        host.check_screening_estimator,
-        {"preset": "grpo", "pilot_rollouts": 2, "schedule_steps": 20},
-        [*REMOTE, "--algo.advantage.estimator", "reinforce"],
-        [*REMOTE, "--algo.advantage.estimator", "rloo"],
-        "--d3s.pilot_rollouts 2 screens out the prompts whose pilot rewards are all equal, which carry no signal "
-        "only under a group-relative estimator, but --algo.advantage.estimator is reinforce",
     ),
     (
         host.check_stall_passes,
@@ -498,7 +477,6 @@ FIXED_BY_FILTERING = {"preset": "grpo", "chunked_logits": True, "schedule_steps"
 COUNTS_B_PROMPTS = {
     "sample_selection": ({"preset": "d1s", "n_init": 4, "n_final": 4}, [], "sample selection's kept counts"),
     "skipping": (SKIPPING, [], "the --d3s.schedule_steps 20 fixed steps"),
-    "screening": ({"preset": "grpo", "pilot_rollouts": 2, "schedule_steps": 20}, [], "the --d3s.schedule_steps 20"),
     "filtering": (FIXED_BY_FILTERING, ["--algo.dynamic_filtering_enable"], "the --d3s.schedule_steps 20 fixed"),
     "moving_tokens": ({"preset": "grpo", "k_init": 0.1, "k_final": 0.5}, [], "the (N, K) schedule's horizon"),
 }
