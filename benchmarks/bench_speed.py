@@ -10,27 +10,25 @@ stopped invocation (a run cut off midway starts over):
         [--arms GRPO GRPO+DF PODS D3S D3S-I] [--lrs 2.5e-5 5e-5 1e-4 2e-4] [--sweep-seeds 0 1] [--seeds 2 3]
         [--phases sweep study rerun] [--rerun-seeds 0 1 2 3]
     .venv/bin/python benchmarks/bench_speed.py --quick --out /tmp/speed_quick   # the chain, in about 2 minutes
-    .venv/bin/python benchmarks/report.py --speed OUT/speed_study.json --output OUT/speed_study.md  # the report alone
+    .venv/bin/python benchmarks/report.py   # RESULTS.md, its section of benchmarks/results/speed_study.json
+    .venv/bin/python benchmarks/report.py --speed OUT/speed_study.json --output OUT/speed_study.md  # any OUT alone
 
-The protocol (the analysis: ``benchmarks/reporting/speed.py``):
+The protocol (the analysis and its document: ``benchmarks/reporting/speed.py``):
 
-- Arms (``bench_learning.PARTS["speed"]``): GRPO, GRPO + upstream's dynamic filtering, PODS (n = 16, m = 4,
-  max-variance), D3S and D3S-I, all at G = 16 rollouts per prompt, 8 prompts a step. The generation level's arms
-  (``GRPO+screen``, ``D3S+history``, ``D3S+screen4+history``, ``D3S+screen8+history``: pilots of 4 or 8, 2% of
-  the screened-out prompts audited, a cost the clock counts; history acts only when prompts recur, so
-  ``D3S+history`` runs in ``passes`` alone: in ``fresh`` it is D3S) are named with ``--arms``; their pilot, audit,
-  skip and weight counts are kept per step. The report puts them in RESULTS.md section 6, beside GRPO and D3S (with
-  the recorded runs of ``D3S+screen4+pilot-history``, whose flag ``--d3s.pilot_history`` was removed after the
-  study), and the rest in section 11.
-- Every run trains ``--steps`` (150) rollout steps with ``--d3s.schedule_steps`` (``bench_learning.rl_config``, as in
-  the screen part), in the regimes ``passes`` (the first ``--pool`` 200 RL prompts, cycled: 6 passes) and ``fresh``
-  (one pass over a 4000-prompt split). Per task, its regimes among ``--regimes`` are those of ``TASKS``: chainsum
-  in both, chainsum_tens (the second task, on which chainsum's early saturation should not happen) in ``fresh``.
+- Arms (``ARMS``): GRPO, GRPO + upstream's dynamic filtering, PODS (n = 16, m = 4, max-variance), D3S and D3S-I, all
+  at G = 16 rollouts per prompt, 8 prompts a step; and, named with ``--arms``, D3S + the history prior
+  (``--d3s.prompt_skip history``), which acts only when prompts recur, so it ran in ``passes`` alone, in a later
+  batch than the study, beside reruns of D3S (``--phases rerun``).
+- Every run trains ``--steps`` (150) rollout steps with ``--d3s.schedule_steps`` (:func:`rl_config`), in the regimes
+  ``passes`` (the first ``--pool`` 200 RL prompts, cycled: 6 passes) and ``fresh`` (one pass over a 4000-prompt
+  split). Per task, its regimes among ``--regimes`` are those of ``TASKS``: chainsum in both, chainsum_tens (the
+  second task, on which chainsum's early saturation should not happen) in ``fresh``.
 - Held-out greedy accuracy every ``--eval-every`` (10) steps on ``--heldout`` (256) prompts, from the checkpoints the
   run saves: after the run, in this process, with transformers' ``generate`` on the small model (no vLLM engine or
   Ray to start per checkpoint), greedy alone (``--eval-samples 0``: the study reads nothing else); the checkpoints
   are then deleted. Wall time is the sum of the steps' ``timing/step_total``: start-up, checkpoint saving and the
-  evaluations are not in it.
+  evaluations are not in it. A run is kept as its curve (each evaluation with its step, wall time and generated
+  tokens) and the totals of its steps' timings, generated tokens and skipped prompts: what the report reads.
 - Per task, once its warm start (the task's SFT, shared by every run) is evaluated and before its first run, the
   thresholds: warm start + ``--fractions`` (25%, 50%, 75%) of the gap to 1.0, stored in the JSON and never
   recomputed. The workdir is scratch: on a fresh machine the warm start is made again, and the study goes on only if
@@ -43,10 +41,8 @@ The protocol (the analysis: ``benchmarks/reporting/speed.py``):
   seed-mean total wall time at 2e-4. The study: the ``--seeds`` (2, 3) at each arm's chosen rate; the sweep's seeds at
   that rate count too, so 4 seeds. ``--phases study`` refuses to start an arm whose sweep is incomplete.
 - ``--phases rerun`` times the ``--arms`` again at their chosen rates on ``--rerun-seeds``, recorded apart (phase
-  ``rerun``, logs under ``WORKDIR/<task>/rerun``), once per arm and seed. The report shows the reruns of GRPO and D3S
-  beside the generation level's arms of the same task and regime (section 6, as ``D3S rerun``; no part in the
-  choice), which run in a later batch than the study: ``--arms D3S --phases rerun --rerun-seeds 0 1`` before them
-  and ``2 3`` after (``--arms GRPO`` around GRPO + screening; 2026-11-27/28).
+  ``rerun``, logs under ``WORKDIR/<task>/rerun``), once per arm and seed: the base of arms run in a later batch, timed
+  in that batch (``--arms D3S --phases rerun --rerun-seeds 0 1`` before D3S + history and ``2 3`` after, 2026-11-27/28).
 
 Cost on 2 CPU cores (measured 2026-11-27): a run with its 16 evaluations takes 2.5 to 4 minutes (chainsum; 3.3 on
 average) and 3.5 to 3.7 (chainsum_tens), about 45 s of it starting Ray, the actors and vLLM; each task's SFT warm
@@ -64,62 +60,75 @@ variance generates for ever (2026-11-27). Such a run's last evaluation is its fi
 any other) and a threshold it never reached is censored at its end; the report lists the stopped runs.
 
 ``--quick`` checks the chain: a 1-epoch SFT on 64 examples, GRPO and D3S (the arms that drop flat groups would stall on
-so weak a warm start), lr 2e-4, seed 0, 4 steps with an evaluation every 2 on 16 held-out prompts, then the report,
-which says it is a smoke test (``--regimes fresh``, 2026-11-27, 2 CPU cores: 2 minutes; the SFT 21 s, each run 48 s,
-nearly all of it starting Ray, the actors and vLLM). One ``--out`` holds one protocol: a run with other settings is
-refused. Every invocation ends with the report on the results so far (``OUT/speed_study.md`` and its plots);
-``benchmarks/report.py`` puts it in RESULTS.md as sections 11 and 6 (the generation level's arms).
+so weak a warm start), lr 2e-4, seed 0, 4 steps with an evaluation every 2 on 16 held-out prompts (``--regimes
+fresh``, 2026-11-27, 2 CPU cores: 2 minutes; the SFT 21 s, each run 48 s, nearly all of it starting Ray, the actors
+and vLLM); its report says it is a smoke test. One ``--out`` holds one protocol: a run with other settings is refused.
+GRPO runs as ``--d3s.preset d1s`` with N = G (nothing dropped: upstream's batch path, the same update as D3S off), so
+that it goes through the same code as the other arms.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import glob
 import hashlib
 import json
 import math
 import os
+import re
+import shutil
 import time
 from pathlib import Path
 
-import numpy as np
-
-import bench_learning
-from bench_learning import FRESH_PROMPTS, PARTS, PASSES_PROMPTS, PROMPTS, REGIMES, SCREEN_STEPS
 from bench_selection import cpu_model
 from d3s_openrlhf.testbed import evaluate, pipeline
-from reporting.generation_study import generated_tokens
+from d3s_openrlhf.testbed.metrics import read_train_scalars
 from reporting.speed import REFERENCE_LR, regime_analysis, thresholds
 
 HERE = Path(__file__).resolve().parent
 RESULTS_FILE = "speed_study.json"
-TASKS = {"d3s_openrlhf.tasks.chainsum": REGIMES, "d3s_openrlhf.tasks.chainsum_tens": ("fresh",)}  # task -> regimes
-ARMS = ("GRPO", "GRPO+DF", "PODS", "D3S", "D3S-I")
+PROMPTS = 8  # prompts per step
+G = 16  # generated rollouts per prompt
+PODS_M = 4  # PODS trains m = 4 of its n = G (the paper's n = 4m; its GSM8K setting is m = 16, n = 64)
+
+
+def _d3s(preset, n_init, n_final=None, *more):
+    return ["--d3s.preset", preset, "--d3s.n_init", n_init, "--d3s.n_final", n_final or n_init, *more]
+
+
+DYNAMIC_FILTERING = "--algo.dynamic_filtering_enable"  # upstream's range (0, 1): drops flat 0/1 groups
+HISTORY = ["--d3s.prompt_skip", "history"]
+_SCHEDULE = ["--d3s.k_init", 0.2, "--d3s.k_final", 0.5]  # D3S's K, scaled to our 20-44 token responses
+# arm -> (generated rollouts per prompt, --d3s.* and upstream flags)
+ARMS = {
+    "GRPO": (G, _d3s("d1s", G)),
+    "GRPO+DF": (G, [*_d3s("d1s", G), DYNAMIC_FILTERING]),
+    "PODS": (G, _d3s("pods", PODS_M)),
+    "D3S": (G, _d3s("d3s", 4, 12, *_SCHEDULE)),
+    "D3S-I": (G, _d3s("d3s-i", 4, 12, *_SCHEDULE)),
+    "D3S+history": (G, [*_d3s("d3s", 4, 12, *_SCHEDULE), *HISTORY]),
+}
+STUDY_ARMS = ("GRPO", "GRPO+DF", "PODS", "D3S", "D3S-I")  # --arms' default
 QUICK_ARMS = ("GRPO", "D3S")  # the quick warm start solves almost nothing: the arms that drop flat groups would stall
+REGIMES = ("passes", "fresh")
+TASKS = {"d3s_openrlhf.tasks.chainsum": REGIMES, "d3s_openrlhf.tasks.chainsum_tens": ("fresh",)}  # task -> regimes
+STEPS = 150
+PASSES_PROMPTS = 200  # the passes regime's RL prompts, cycled (6 passes at 150 steps of 8)
+FRESH_PROMPTS = 4000  # the RL split: the fresh regime draws from it without cycling
 LRS = (2.5e-5, 5e-5, 1e-4, REFERENCE_LR)
 SWEEP_SEEDS, STUDY_SEEDS = (0, 1), (2, 3)
 EVAL_EVERY, HELDOUT = 10, 256
 FRACTIONS = (0.25, 0.5, 0.75)  # thresholds: warm start + these shares of the gap to 1.0
-STEP_KEYS = (
+SUMMED = (  # a run's totals over its steps, as the report reads them
     "timing/step_total",
     "timing/generation",
     "timing/make_experience",
     "timing/ppo_train",
-    "timing/broadcast",
-    "rollout/reward_mean",
-)
-# the generation level's counts, kept for the arms that log them (issue 39: acceptance, false rejects, staleness)
-GENERATION_KEYS = (
-    "d3s/pilots",
-    "d3s/screened_prompts",
-    "d3s/carried_pilots",
-    "d3s/audited_prompts",
-    "d3s/false_rejects",
     "d3s/skipped_prompts",
-    "d3s/skip_candidates",
-    "d3s/screen_weight_mean",
-    "dynamic_filtering_pass_rate",
 )
+KEYS = (*SUMMED, "rollout/response_length_mean", "rollout/num_samples", "d3s/generated_tokens")  # read off the events
+CHECKPOINT = re.compile(r"global_step(\d+)_hf$")
 RUN_CAP = 900.0  # seconds; a run takes 2.5 to 4 minutes (2026-11-27)
 PROTOCOL = (
     "precision",
@@ -144,7 +153,7 @@ def parse_options(argv=None):
     parser.add_argument(
         "--regimes", nargs="+", default=list(REGIMES), choices=REGIMES, help="among each task's own (TASKS)"
     )
-    parser.add_argument("--arms", nargs="+", default=None, choices=list(PARTS["speed"]), help=f"default: {ARMS}")
+    parser.add_argument("--arms", nargs="+", default=None, choices=list(ARMS), help=f"default: {STUDY_ARMS}")
     parser.add_argument("--lrs", type=float, nargs="+", default=list(LRS), help="the sweep's learning rates")
     parser.add_argument("--sweep-seeds", type=int, nargs="+", default=list(SWEEP_SEEDS))
     parser.add_argument(
@@ -159,7 +168,7 @@ def parse_options(argv=None):
         "generation level's arms, run in a later batch, are compared with GRPO and D3S timed in the same batch",
     )
     parser.add_argument("--rerun-seeds", type=int, nargs="+", default=[*SWEEP_SEEDS, *STUDY_SEEDS])
-    parser.add_argument("--steps", type=int, default=SCREEN_STEPS, help="rollout steps per run")
+    parser.add_argument("--steps", type=int, default=STEPS, help="rollout steps per run")
     parser.add_argument("--eval-every", type=int, default=EVAL_EVERY)
     parser.add_argument("--heldout", type=int, default=HELDOUT, help="held-out prompts")
     parser.add_argument("--eval-samples", type=int, default=0, help="sampled responses per held-out prompt (0: none)")
@@ -175,13 +184,12 @@ def parse_options(argv=None):
         help="seconds after which a run is stopped and kept with the evaluations it saved (a collapsed policy under "
         "dynamic filtering can generate flat groups for hours)",
     )
-    parser.add_argument("--no-report", action="store_true")
     options = parser.parse_args(argv)
     if options.quick:
         options.steps, options.eval_every, options.heldout, options.pool = 4, 2, 16, 2 * options.prompts
         options.lrs, options.sweep_seeds, options.seeds, options.rerun_seeds = [REFERENCE_LR], [0], [], [0]
     options.tasks = options.tasks or (["d3s_openrlhf.tasks.chainsum"] if options.quick else list(TASKS))
-    options.arms = options.arms or list(QUICK_ARMS if options.quick else ARMS)
+    options.arms = options.arms or list(QUICK_ARMS if options.quick else STUDY_ARMS)
     if not any(math.isclose(lr, REFERENCE_LR) for lr in options.lrs):
         raise SystemExit(f"--lrs must include {REFERENCE_LR:g}: GRPO's total wall time at it is the sweep's budget")
     if set(options.seeds) & set(options.sweep_seeds):
@@ -189,7 +197,7 @@ def parse_options(argv=None):
     if not all(0 < f < 1 for f in options.fractions):
         raise SystemExit(f"--fractions {options.fractions} must lie between 0 and 1")
     if "passes" in options.regimes:
-        bench_learning.check_pool(options.pool, options.prompts, options.steps)
+        check_pool(options.pool, options.prompts, options.steps)
     return options
 
 
@@ -206,9 +214,129 @@ def protocol(options):
     return {key: values[key] for key in PROTOCOL}
 
 
+def check_pool(pool, prompts, steps):
+    """The passes regime's pool: whole batches that divide the steps (the arms that drop no prompt train whole
+    passes over it)."""
+    batches = pool // prompts
+    if pool % prompts or not batches or steps % batches:
+        raise SystemExit(
+            f"--pool {pool} must be a multiple of --prompts {prompts} whose batches ({batches}) divide --steps "
+            f"{steps}: the arms that drop no prompt train whole passes over it"
+        )
+
+
+def drops_prompts(arm):
+    """Whether the arm drops prompts before training (skipping, dynamic filtering): it then trains the fixed
+    --d3s.schedule_steps, cycling over the prompts as it needs."""
+    flags = ARMS[arm][1]
+    return "--d3s.prompt_skip" in flags or DYNAMIC_FILTERING in flags
+
+
+def rl_config(prepared, arm, seed, steps, eval_every, prompts, fp32, pool, lr):
+    """The run's configuration: exactly ``steps`` rollout steps with --d3s.schedule_steps ``steps`` over the first
+    ``pool`` RL prompts (the passes regime's pool, or the whole RL split of the fresh one), at learning rate ``lr``:
+    the arms that drop prompts by their fixed steps, cycling over the pool as often as they need, the others by
+    upstream's passes (whole passes over the pool; over a pool of more than ``steps`` x ``prompts``, one pass over
+    its first ones)."""
+    group, flags = ARMS[arm]
+    pass_steps, episodes = pool // prompts, 1
+    if not drops_prompts(arm):
+        pass_steps = min(pass_steps, steps)
+        episodes = steps // pass_steps
+    extra = [*flags, "--d3s.schedule_steps", steps]
+    if eval_every:
+        extra += ["--ckpt.save_steps", eval_every, "--ckpt.save_hf", "--ckpt.disable_ds"]
+    config = pipeline.demo_rl_config(pipeline.TaskConfig(), episodes=episodes, prepared=prepared)
+    return dataclasses.replace(
+        config,
+        prompts_per_step=prompts,
+        samples_per_prompt=group,
+        steps=pass_steps,
+        seed=seed,
+        extra=extra,
+        fp32=fp32,
+        lr=lr,
+    )
+
+
+def run(prepared, task, arm, seed, workdir, steps, eval_every, samples, prompts, fp32, regime, pool, lr, cap):
+    """One RL run (``d3s_openrlhf.cli.train_ppo_ray`` on the CPU runtime) and its held-out evaluations, its saved
+    models deleted once evaluated (its log and events stay); returns the per-step metrics (``KEYS``) and the
+    evaluation curve. ``regime``: "passes" over the first ``pool`` prompts, or "fresh" ones (``pool``: the whole RL
+    split). A run still going after ``cap`` seconds is stopped and kept as it is (``stopped``: its logged steps and
+    the checkpoints saved before its last logged step; a policy that collapsed under dynamic filtering at fixed steps
+    can spend hours generating groups that are all flat)."""
+    config = rl_config(prepared, arm, seed, steps, eval_every, prompts, fp32, pool, lr)
+    name = f"speed-{regime}-{arm}-lr{lr:g}-seed{seed}"
+    run_dir = os.path.join(workdir, name)
+    shutil.rmtree(run_dir, ignore_errors=True)  # a run stopped before: its events and checkpoints would mix in
+    command = pipeline.launcher_command(
+        pipeline.D3S_ENTRYPOINT, pipeline.ppo_args(prepared.sft_model, prepared.task, run_dir, config), config.fp32
+    )
+    log = os.path.join(workdir, f"{name}.log")
+    started = time.time()
+    stopped = False
+    try:
+        rc = pipeline.run_logged(command, log, timeout=cap)
+    except TimeoutError:
+        stopped, rc = True, 0
+    if rc != 0:
+        raise RuntimeError(f"{name} failed (exit {rc}); see {log}")
+    seconds = time.time() - started
+    scalars = read_train_scalars(os.path.join(run_dir, "tensorboard"))
+    logged = [{"step": step, **{key: values[key] for key in KEYS if key in values}} for step, values in scalars.items()]
+    models = {
+        int(CHECKPOINT.search(path).group(1)): path
+        for path in glob.glob(os.path.join(run_dir, "checkpoints", "global_step*_hf"))
+    }
+    if stopped:  # no final model; a checkpoint of the last logged step may have been cut off while it was written
+        models = {step: path for step, path in models.items() if step < len(logged)}
+    else:
+        models[len(logged)] = os.path.join(run_dir, "final_model")
+    started_eval = time.time()
+    evaluation = dict(seed=seed, task=task, max_new_tokens=prepared.max_new_tokens, samples=samples)
+    curve = [
+        {"step": step, **evaluate.heldout_accuracy(path, prepared.task.heldout, **evaluation)}
+        for step, path in sorted(models.items())
+    ]
+    eval_seconds = time.time() - started_eval
+    for path in ("checkpoints", "final_model"):  # every saved model: the last checkpoint too, which the final one is
+        shutil.rmtree(os.path.join(run_dir, path), ignore_errors=True)
+    return {
+        "group": config.samples_per_prompt,
+        "steps": logged,
+        "heldout": curve,
+        "process_seconds": seconds,
+        "eval_seconds": eval_seconds,
+        "stopped": stopped,
+    }
+
+
+def task_dir_name(task):
+    """A task's import path or file as a directory name."""
+    return re.sub(r"\W+", "_", task)
+
+
+def prepare_task(task, precision, task_config, workdir, split):
+    """The SFT warm start in ``workdir``, shared by every run with the same task, precision and ``split`` (a name
+    for the task config's sizes); ``(prepared, SFT seconds or None when reused)``."""
+    prepare_dir = os.path.join(workdir, f"task-{task_dir_name(task)}-{precision}{split}")
+    recorded = Path(prepare_dir, "prepared.json")
+    if recorded.exists():
+        prepared = pipeline.Prepared(**json.loads(recorded.read_text()))
+        return dataclasses.replace(prepared, task=pipeline.TaskFiles(**prepared.task)), None
+    started = time.time()
+    prepared = pipeline.prepare(
+        prepare_dir, task_config, log_path=os.path.join(workdir, "sft.log"), fp32=precision == "fp32"
+    )
+    recorded.write_text(json.dumps(dataclasses.asdict(prepared)))
+    return prepared, time.time() - started
+
+
 def open_document(options, path):
     """The study so far in ``path``, refused if it was run with another protocol (one --out holds one study)."""
-    document = bench_learning.load(path) or {"protocol": protocol(options), "tasks": {}, "runs": []}
+    empty = {"protocol": protocol(options), "tasks": {}, "runs": []}
+    document = json.loads(Path(path).read_text()) if os.path.exists(path) else empty
     mine = protocol(options)
     for key in PROTOCOL:
         if document["protocol"][key] != mine[key]:
@@ -243,7 +371,7 @@ def prepare(options, task, document, workdir, path):
         raise SystemExit(f"--steps {options.steps} x --prompts {options.prompts} exceed {config.n_prompts} RL prompts")
     split = f"-sft{config.n_sft}x{config.sft_epochs}-prompts{config.n_prompts}-heldout{config.n_heldout}"
     recorded = any(run["task"] == task for run in document["runs"])
-    prepared, sft_seconds = bench_learning.prepare_task(task, options.precision, config, workdir, split)
+    prepared, sft_seconds = prepare_task(task, options.precision, config, workdir, split)
     digest = weights_digest(prepared.sft_model)
     entry = document["tasks"].get(task)
     if not recorded:  # a warm start other than the entry's, if any, replaces it: no run reads its thresholds yet
@@ -298,15 +426,22 @@ def recorded(document, task, regime, arm, lr, seed, rerun=False):
     )
 
 
+def generated_tokens(step):
+    """The response tokens one logged step generated: every rollout (filtered groups included) where D3S counted
+    them, else the trained ones."""
+    return step.get("d3s/generated_tokens", step["rollout/response_length_mean"] * step["rollout/num_samples"])
+
+
 def record(result, task, regime, arm, lr, seed, phase, warm_start):
-    """One run as the JSON keeps it: its settings, durations, the held-out curve with its three clocks (the warm
-    start first, at step 0) and the per-step timings as columns."""
+    """One run as the JSON keeps it, what the report reads: its settings, durations, the held-out curve with its three
+    clocks (the warm start first, at step 0) and the totals of its steps (``SUMMED``, the generated tokens)."""
     steps = result["steps"]
-    wall = np.cumsum([s["timing/step_total"] for s in steps])
-    generated = np.cumsum([generated_tokens(s) for s in steps])
+    wall, generated, clocks = 0.0, 0.0, []  # the two clocks after each step
+    for step in steps:
+        wall, generated = wall + step["timing/step_total"], generated + generated_tokens(step)
+        clocks.append((wall, generated))
     curve = [dict(step=0, wall=0.0, generated=0.0, greedy=warm_start)] + [
-        {**e, "wall": float(wall[e["step"] - 1]), "generated": float(generated[e["step"] - 1])}
-        for e in result["heldout"]
+        {**e, "wall": clocks[e["step"] - 1][0], "generated": clocks[e["step"] - 1][1]} for e in result["heldout"]
     ]
     return dict(
         task=task,
@@ -318,16 +453,14 @@ def record(result, task, regime, arm, lr, seed, phase, warm_start):
         date=time.strftime("%Y-%m-%d"),
         machine=f"{cpu_model()}, {os.cpu_count()} CPUs",
         group=result["group"],
-        flags=[str(flag) for flag in PARTS["speed"][arm][1]],
+        flags=[str(flag) for flag in ARMS[arm][1]],
         process_seconds=result["process_seconds"],
         eval_seconds=result["eval_seconds"],
         stopped=result["stopped"],
         curve=curve,
-        steps={
-            **{key: [s[key] for s in steps] for key in STEP_KEYS},
-            **{key: [s.get(key, 0.0) for s in steps] for key in GENERATION_KEYS if any(key in s for s in steps)},
-            "generated": [float(g) for g in generated],
-        },
+        totals=dict(
+            steps=len(steps), **{key: float(sum(s.get(key, 0.0) for s in steps)) for key in SUMMED}, generated=generated
+        ),
     )
 
 
@@ -337,13 +470,12 @@ def run_one(options, prepared, document, path, workdir, key, phase):
     if recorded(document, *key, rerun=phase == "rerun"):
         return
     n_prompts = document["tasks"][task]["task_config"]["n_prompts"]
-    result = bench_learning.run(
+    result = run(
         prepared[task],
         task,
-        "speed",
         arm,
         seed,
-        os.path.join(workdir, bench_learning.task_dir_name(task), *(["rerun"] if phase == "rerun" else [])),
+        os.path.join(workdir, task_dir_name(task), *(["rerun"] if phase == "rerun" else [])),
         options.steps,
         options.eval_every,
         options.eval_samples,
@@ -352,7 +484,6 @@ def run_one(options, prepared, document, path, workdir, key, phase):
         regime=regime,
         pool=options.pool if regime == "passes" else n_prompts,
         lr=lr,
-        keep_models=False,
         cap=options.run_cap,
     )
     warm_start = document["tasks"][task]["warm_start"]["greedy"]
@@ -422,11 +553,8 @@ def main(argv=None):
             for task, regime, arm in cells:
                 lr = chosen_lr(options, document, task, regime, arm)
                 run_one(options, prepared, document, path, workdir, (task, regime, arm, lr, seed), "rerun")
-    print(f"wrote {path} ({time.time() - started:.0f}s)")
-    if not options.no_report:
-        from reporting.speed_doc import speed_main
-
-        speed_main(path, os.path.join(out, "speed_study.md"))
+    report = f"benchmarks/report.py --speed {path} --output {os.path.join(out, 'speed_study.md')}"
+    print(f"wrote {path} ({time.time() - started:.0f}s); its report alone: .venv/bin/python {report}", flush=True)
     return path
 
 

@@ -1,19 +1,17 @@
 """Turn the benchmark results into ``benchmarks/RESULTS.md`` with its plots (``benchmarks/results/*.png``).
 
-    .venv/bin/python benchmarks/report.py [--results benchmarks/results]
+    .venv/bin/python benchmarks/report.py [--results benchmarks/results] [--output benchmarks/RESULTS.md]
+    .venv/bin/python benchmarks/report.py --speed OUT/speed_study.json --output OUT/speed_study.md  # that study alone
 
-Reads ``step_cost.json`` (bench_step_cost.py), ``learning_study.json`` (bench_learning.py, section 2),
-``selection.json`` (bench_selection.py), ``memory.json``, ``forward.json``, ``forward_gpu.json`` (where a GPU
-ran it), ``evaluate.json`` (bench_evaluate.py, section 7), ``screening.json`` (bench_screening.py, section 8),
-``lora_sync_before.json`` / ``lora_sync_after.json`` (bench_lora_sync.py, section 9), for section 10
-``gpu_h200_2026-11-26.json`` (the team's H200 measurement), ``actor_gpu*.json`` (bench_actor_gpu.py) and
-``cuda_tests.json`` (the suite's CUDA tests on a GPU machine), ``speed_study.json`` (bench_speed.py, where it ran:
-section 11, and its generation-level arms section 6) and ``generation_study.json`` (bench_learning.py --parts
-screen, the generation level's first study at one rate, section 12). ``--study learning_study.json --output STUDY.md``
-instead writes the study alone (tables, Welch tests, the claims, ``STUDY.png``); ``--speed speed_study.json
---output SPEED.md`` the speed study alone, with its plots beside it. Every number, comparison and verdict in the
-document is computed from those files (by ``benchmarks/reporting/``; this file parses the command line and assembles
-the document), so a rerun of ``benchmarks/run_all.sh`` regenerates the whole document consistently.
+Reads, in ``--results``: ``speed_study.json`` (bench_speed.py, section 1), ``step_cost.json`` (bench_step_cost.py,
+section 2), ``selection.json`` (bench_selection.py, section 3), ``memory.json`` (bench_memory.py, section 4),
+``forward.json`` and ``forward_gpu.json`` (bench_forward.py and, where a GPU ran it, bench_forward_gpu.py, section
+5), for section 6 ``gpu_h200_2026-11-26.json`` (the team's H200 measurement), ``actor_gpu*.json``
+(bench_actor_gpu.py) and ``cuda_tests.json`` (the suite's CUDA tests on a GPU machine), ``evaluate.json``
+(bench_evaluate.py, section 7), ``lora_sync_before.json`` / ``lora_sync_after.json`` (bench_lora_sync.py, section
+8). Every number, comparison and line of the head is computed from those files (by ``benchmarks/reporting/``; this
+file parses the command line and assembles the document), so a rerun of ``benchmarks/run_all.sh`` regenerates the
+whole document consistently. The studies it superseded are static text in ``benchmarks/SUPERSEDED.md``.
 """
 
 from __future__ import annotations
@@ -22,65 +20,25 @@ import argparse
 import json
 from pathlib import Path
 
-from reporting.claims import claims  # benchmarks/ is sys.path[0] when this file runs
-from reporting.generation_study import generation_section
-from reporting.gpu import gpu_actor_section, gpu_forward_section
-from reporting.screening import screening_section
-from reporting.sections import (
-    evaluate_section,
-    forward_section,
-    lora_sync_section,
-    memory_section,
-    plot_step_cost,
-    selection_section,
-    step_cost_section,
-    summary,
-)
-from reporting.speed_doc import generation_level_section, speed_main, speed_section
-from reporting.study import study_analysis
-from reporting.study_doc import plot_study, study_body
+from reporting import gpu, sections, speed  # benchmarks/ is sys.path[0] when this file runs
 
 HERE = Path(__file__).resolve().parent
+NUMBERS = {
+    name: number
+    for number, name in enumerate(
+        ("speed", "step_cost", "selection", "memory", "forward", "actor_gpu", "evaluate", "lora_sync"), 1
+    )
+}
 
 
-def read_study(path):
-    """The study of ``path`` (learning_study.json) with its analysis and its claims: ``(document, parts, found)``."""
-    document = json.loads(Path(path).read_text())
-    parts = study_analysis(document)
-    return document, parts, claims(parts, document["eval_every"])
-
-
-def study_main(path, output):
-    """Write the study of ``path`` alone to ``output`` and its plot beside it (``.png``); returns ``output``."""
-    document, parts, found = read_study(path)
-    plot_path = Path(output).with_suffix(".png")
-    plot_study(parts, plot_path)
-    body = study_body(document, parts, plot_path.name, found)
-    lines = [f"# Learning-efficiency study on `{document['task']}`", "", *body]
-    Path(output).write_text("\n".join(lines) + "\n")
-    print(f"wrote {output} and {plot_path}")
-    return output
-
-
-def study_section(results):
-    """Section 2 of RESULTS.md from ``results/learning_study.json``, the analysed parts and the claims (None, None
-    if not run)."""
-    path = results / "learning_study.json"
-    heading = "## 2. Learning efficiency: the study"
-    if not path.exists():
-        return (
-            [heading, "", "Not run yet: `.venv/bin/python benchmarks/bench_learning.py` (see its docstring)."],
-            None,
-            None,
-        )
-    document, parts, found = read_study(path)
-    plot_study(parts, results / "learning_study.png")
-    lines = [heading, "", *study_body(document, parts, "results/learning_study.png", found, heading="###")]
-    return lines, parts, found
+def read(results, name):
+    """``results/name`` as JSON, None where that benchmark has not run."""
+    path = results / name
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def gpu_actor_documents(results):
-    """Section 10's measurements, by label: the team's H200 file, then every bench_actor_gpu.py result."""
+    """Section 6's measurements, by label: the team's H200 file, then every bench_actor_gpu.py result."""
     documents = {}
     for path in sorted(results.glob("gpu_*.json")):
         document = json.loads(path.read_text())
@@ -91,72 +49,63 @@ def gpu_actor_documents(results):
     return documents
 
 
+def results_document(results):
+    """RESULTS.md's lines: the head (what stands today, one line per section), then the sections."""
+    cost, selection = read(results, "step_cost.json"), read(results, "selection.json")
+    memory, forward, forward_gpu = (read(results, name) for name in ("memory.json", "forward.json", "forward_gpu.json"))
+    evaluate, cuda_tests = read(results, "evaluate.json"), read(results, "cuda_tests.json")
+    before, after = (read(results, f"lora_sync_{side}.json") for side in ("before", "after"))
+    lora_sync = None if after is None else (before, after)
+    actor_documents = gpu_actor_documents(results)
+    sections.plot_step_cost(cost["points"], results / "step_cost.png")
+    speed_lines, speed_head = speed.speed_section(results / "speed_study.json", NUMBERS["speed"])
+    lines = [
+        "# Benchmarks: what D3S costs and saves",
+        "",
+        "Regenerate everything: `bash benchmarks/run_all.sh` (its header says how long each part takes on 2 CPU "
+        "cores); this page alone, from the results: `.venv/bin/python benchmarks/report.py`. Each section names its "
+        f"own command, machine and date; the GPU figures are in sections {NUMBERS['forward']} (On a GPU) and "
+        f"{NUMBERS['actor_gpu']}, each with its card, the rest ran on 2 CPU cores. The studies these superseded (the "
+        "learning study at one shared rate, the generation level's first study, screening) are kept as they were "
+        "reported, with their figures, in [SUPERSEDED.md](SUPERSEDED.md).",
+        "",
+        "**What stands today.**",
+        *speed_head,
+        *sections.head_lines(cost, memory, evaluate, lora_sync, NUMBERS),
+        *gpu.head_lines(forward_gpu, actor_documents, NUMBERS),
+        "",
+        *speed_lines,
+        "",
+        *sections.step_cost_section(cost, NUMBERS["step_cost"]),
+        "",
+        *sections.selection_section(selection, cost, NUMBERS["selection"]),
+    ]
+    if memory is not None:
+        lines += ["", *sections.memory_section(memory, NUMBERS["memory"])]
+    if forward is not None:
+        lines += ["", *sections.forward_section(forward, NUMBERS["forward"]), "", *gpu.gpu_forward_section(forward_gpu)]
+    lines += ["", *gpu.gpu_actor_section(actor_documents, NUMBERS["actor_gpu"], cuda_tests)]
+    if evaluate is not None:
+        lines += ["", *sections.evaluate_section(evaluate, NUMBERS["evaluate"])]
+    if lora_sync is not None:
+        lines += ["", *sections.lora_sync_section(before, after, NUMBERS["lora_sync"])]
+    return lines
+
+
 def main(argv=None):
-    """RESULTS.md and its plots from the files in ``--results``; with ``--study``, the study alone."""
+    """RESULTS.md and its plots from the files in ``--results``; with ``--speed``, that speed study alone."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--results", default=str(HERE / "results"))
     parser.add_argument("--output", default=str(HERE / "RESULTS.md"))
     parser.add_argument(
-        "--study",
-        default=None,
-        help="instead: the study report of this learning_study.json (bench_learning.py), written to --output",
-    )
-    parser.add_argument(
         "--speed", default=None, help="instead: the report of this speed_study.json (bench_speed.py), to --output"
     )
     options = parser.parse_args(argv)
-    if options.study:
-        return study_main(options.study, options.output)
     if options.speed:
-        return speed_main(options.speed, options.output)
-    results = Path(options.results)
-    selection = json.loads((results / "selection.json").read_text())
-    cost = json.loads((results / "step_cost.json").read_text())
-    plot_step_cost(cost["points"], results / "step_cost.png")
-    study, parts, found = study_section(results)
-    speed_path = results / "speed_study.json"
-    speed, speed_summary = speed_section(speed_path, 11)
-    level, level_summary = generation_level_section(speed_path, 6)
-    document = [
-        "# Benchmarks: what D3S costs and saves",
-        "",
-        "Regenerate everything: `bash benchmarks/run_all.sh` (its header says how long each part takes on 2 CPU "
-        "cores). Each section names its own command, machine and date. Sections 1-9 ran on 2 CPU cores; the GPU "
-        "figures are in section 5 (On a GPU) and section 10, each with its card.",
-        "",
-        *summary(cost, parts, found),
-        *speed_summary,
-        *level_summary,
-        "",
-        *step_cost_section(cost),
-        "",
-        *study,
-        "",
-        *selection_section(selection, cost, parts),
-        "",
-    ]
-    if (results / "memory.json").exists():
-        document += [*memory_section(json.loads((results / "memory.json").read_text())), ""]
-    if (results / "forward.json").exists():
-        document += [*forward_section(json.loads((results / "forward.json").read_text())), ""]
-        gpu = results / "forward_gpu.json"
-        document += [*gpu_forward_section(json.loads(gpu.read_text()) if gpu.exists() else None), ""]
-    document += [*level, ""]
-    if (results / "evaluate.json").exists():
-        document += [*evaluate_section(json.loads((results / "evaluate.json").read_text()), 7), ""]
-    if (results / "screening.json").exists():
-        document += [*screening_section(json.loads((results / "screening.json").read_text()), 8), ""]
-    if (results / "lora_sync_after.json").exists():
-        before, after = (json.loads((results / f"lora_sync_{side}.json").read_text()) for side in ("before", "after"))
-        document += [*lora_sync_section(before, after, 9), ""]
-    cuda_tests = results / "cuda_tests.json"
-    cuda_tests = json.loads(cuda_tests.read_text()) if cuda_tests.exists() else None
-    document += [*gpu_actor_section(gpu_actor_documents(results), 10, cuda_tests), ""]
-    document += [*speed, ""]
-    if (results / "generation_study.json").exists():
-        document += [*generation_section(results / "generation_study.json", 12), ""]
-    Path(options.output).write_text("\n".join(document))
-    print(f"wrote {options.output} and the plots in {results}")
+        return speed.speed_main(options.speed, options.output)
+    Path(options.output).write_text("\n".join(results_document(Path(options.results))) + "\n")
+    print(f"wrote {options.output} and the plots in {options.results}")
+    return options.output
 
 
 if __name__ == "__main__":

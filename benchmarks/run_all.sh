@@ -1,16 +1,13 @@
 #!/usr/bin/env bash
-# Regenerate every benchmark, benchmarks/RESULTS.md with its plots and JSON, and the learning study
-# (benchmarks/results/learning_study.{json,md,png}, section 2 of RESULTS.md). Run from anywhere; builds .venv
+# Regenerate every benchmark and benchmarks/RESULTS.md with its plots and JSON. Run from anywhere; builds .venv
 # first if needed. Leave the machine otherwise idle: the figures are wall times. Parts run alone, on 2 CPU cores:
 #   step cost + selection + memory + forward: about 40 minutes (bench_forward.py: 15, measured 2026-11-25);
 #   on a GPU machine, separately (torch, transformers, deepspeed, flash-attn, openrlhf; about 4 minutes on an H200,
 #   2026-11-26): PYTHONPATH=$PWD python benchmarks/bench_forward_gpu.py, then bench_actor_gpu.py and
 #   bench_actor_gpu.py --shapes qwen2.5-1.5b qwen2.5-7b --checkpointing --repeats 3 --json
 #   benchmarks/results/actor_gpu_full_depth.json, and pytest -m cuda tests/core tests/cuda;
-#   the study (bench_learning.py): 72 minutes measured on 2026-11-25 (SFT 4, --parts pods 24, --parts d3s 44);
-#   the generation level's study (bench_learning.py --parts screen): about 100 minutes (SFT 5-19, 27-33 a seed);
 #   the speed study (bench_speed.py: the learning-rate sweep, then the study; resumable, each run appended): about
-#   6 hours, estimated (120 runs of 2.5-3 minutes, two SFT warm starts of 5-19 minutes);
+#   9 hours measured on 2026-11-27 (160 runs of 2.5-4 minutes, two SFT warm starts of 5 minutes);
 #   bench_evaluate.py: about 3 minutes (2026-11-25);
 #   bench_lora_sync.py: under a minute;
 #   report.py: seconds.
@@ -22,8 +19,6 @@ PY=.venv/bin/python
 "$PY" benchmarks/bench_selection.py
 "$PY" benchmarks/bench_memory.py
 "$PY" benchmarks/bench_forward.py
-"$PY" benchmarks/bench_learning.py --out benchmarks/results
-"$PY" benchmarks/bench_learning.py --parts screen --out benchmarks/results
 "$PY" benchmarks/bench_speed.py --out benchmarks/results
 PYTHONPATH=$PWD "$PY" benchmarks/bench_evaluate.py
 "$PY" benchmarks/bench_lora_sync.py --label after  # its 'before' runs on an older commit: see its docstring

@@ -1,3 +1,3 @@
-"""The pieces of ``benchmarks/report.py``, one concern each: ``stats`` (the statistics), ``study`` (the learning
-study's analysis), ``claims`` (the papers' claims and their verdicts), ``study_doc`` (the study's plot and text),
-``sections`` (the step-cost, selection, memory and forward sections and the summary)."""
+"""The pieces of ``benchmarks/report.py``, one concern each: ``stats`` (the statistics every report uses: means over
+seeds, bootstrap intervals), ``speed`` (the speed study's analysis and its section), ``sections`` (the step-cost,
+selection, memory, forward, evaluation and LoRA-sync sections), ``gpu`` (the GPU measurements)."""

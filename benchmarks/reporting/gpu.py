@@ -19,6 +19,11 @@ def _gib(cell) -> float:
     return cell["peak_mib"] / 1024
 
 
+def _card(document) -> str:
+    """The card's name in a document's machine: "NVIDIA H200 (cuda), torch ..." -> "NVIDIA H200"."""
+    return document["machine"].split(",")[0].split(" (")[0]
+
+
 def _versions(document) -> str:
     versions = document.get("versions", {})
     shown = {name: v for name, v in versions.items() if v and f"{name} {v}" not in document.get("machine", "")}
@@ -168,3 +173,32 @@ def gpu_actor_section(documents, number, cuda_tests=None):
                 "",
             ]
     return lines[:-1]
+
+
+def head_lines(forward_gpu, actor_documents, numbers):
+    """RESULTS.md's head lines of the GPU measurements (``numbers``: section name -> its number): the head-level
+    forward at its longest T without a KL loss, and the range over every shape of the actor's step time against
+    upstream's."""
+    lines = []
+    if forward_gpu is not None:
+        row = forward_gpu["rows"][-1]
+        cells = row["training"]["kl off"]
+        base, ours = cells["upstream"], cells["ours 0.2"]
+        lines.append(
+            f"- Log-probs from the hidden states on a GPU (section {numbers['forward']}, {_card(forward_gpu)}): at "
+            f"T = {row['tokens']:,}, K = 0.2 and no KL loss, {ours['peak_mib'] / base['peak_mib']:.2f}x upstream's "
+            f"peak and {_ms(ours) / _ms(base):.2f}x its time (upstream on its {forward_gpu['upstream_path']} path)."
+        )
+    rows = [row for document in actor_documents.values() for _, row in actor_rows(document)]
+    if rows:
+
+        def ratios(variant):
+            values = [_ms(row[f"train step: {variant}"]) / _ms(row["train step: upstream"]) for row in rows]
+            return f"{min(values):.2f}-{max(values):.2f}x"
+
+        cards = ", ".join(sorted({_card(document) for document in actor_documents.values()}))
+        lines.append(
+            f"- The actor's training step on a GPU (section {numbers['actor_gpu']}, {cards}; {len(rows)} shapes): "
+            f"{ratios('ours K=0.2')} of upstream's time at K = 0.2, {ratios('ours all tokens')} at every token."
+        )
+    return lines

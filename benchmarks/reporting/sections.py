@@ -1,14 +1,11 @@
-"""The sections of RESULTS.md besides the study, and its summary: step cost (with its plot), selection overhead,
-memory of the log-prob and entropy forward, the actor's forwards with chunked logits."""
+"""The sections of RESULTS.md besides the speed study and the GPU's, each with its line in RESULTS.md's head: step
+cost (with its plot), selection overhead, memory of the log-prob and entropy forward, the actor's forwards with
+chunked logits, checkpoint evaluation, the merged LoRA weight sync."""
 
 from __future__ import annotations
 
 import re
 import statistics
-
-import numpy as np
-
-from .stats import p_text
 
 MIB = 2**20  # the benchmarks' MiB (memory_probe.MIB, which imports torch)
 
@@ -51,8 +48,8 @@ def plot_step_cost(points, path):
     plt.close(figure)
 
 
-def step_cost_section(cost):
-    """Section 1: time of experience making, actor update, generation and the whole step per (N, K) point
+def step_cost_section(cost, number):
+    """Time of experience making, actor update, generation and the whole step per (N, K) point
     (``step_cost.json``, bench_step_cost.py), with what scales with the kept rollouts."""
     points = cost["points"]
     base = points[0]
@@ -92,7 +89,7 @@ def step_cost_section(cost):
         return ", ".join(f"{v:.2f}" for v in values)
 
     lines = [
-        "## 1. Step cost: experience making and actor update",
+        f"## {number}. Step cost: experience making and actor update",
         "",
         f"Command: `.venv/bin/python {cost['command']}` · machine: {cost['machine']} · date: {cost['date']}.",
         "",
@@ -137,7 +134,7 @@ def step_cost_section(cost):
             + (": it saves no forward or backward compute, as expected." if unchanged else ".")
             + " The masked tokens still pass through the model (the KL term and GSPO's sequence ratio "
             "need their log-probs); what the mask changes is which tokens carry gradient signal, i.e. the "
-            "learning signal per step (section 2), not the cost of a step. Its own cost is the entropy over the "
+            "learning signal per step (section 1), not the cost of a step. Its own cost is the entropy over the "
             "vocabulary in the experience-making forward, included in the figure above."
         )
     lines.append(
@@ -147,21 +144,13 @@ def step_cost_section(cost):
     return lines
 
 
-def selection_section(selection, cost, parts):
-    """Section 3: the selection's time alone (``selection.json``, bench_selection.py), as a share of a step in the
-    step-cost runs and the study's (``parts``, None if not run), and at the benchmark's largest batch."""
+def selection_section(selection, cost, number):
+    """The selection's time alone (``selection.json``, bench_selection.py), as a share of a step in the step-cost
+    runs (``cost``), and at the benchmark's largest batch."""
     rows = {(r["prompts"], r["group"], r["scope"]): r for r in selection["rows"]}
     big = max((r for r in selection["rows"] if r["scope"] == "cross"), key=lambda r: r["prompts"] * r["group"])
-    step_cost_shares = [p["select_time_s"] / p["timing/step_total"] for p in cost["points"][1:]]
-    study_shares = [
-        float(np.median(run["select_share"]))
-        for analysed in (parts or {}).values()
-        for method, m in analysed["info"].items()
-        if method != "GRPO"
-        for run in m["runs"]
-    ]
     lines = [
-        "## 3. Selection overhead in context",
+        f"## {number}. Selection overhead in context",
         "",
         f"Core benchmark (`.venv/bin/python benchmarks/bench_selection.py`, {selection['date']}, "
         "[RESULTS_selection.md](RESULTS_selection.md)): exact max-variance selection of B x G rollouts, "
@@ -173,31 +162,27 @@ def selection_section(selection, cost, parts):
     for prompts, group in sorted({(r["prompts"], r["group"]) for r in selection["rows"]}):
         intra, cross = rows[(prompts, group, "intra")], rows[(prompts, group, "cross")]
         lines.append(f"| {prompts} x {group} | {intra['ours_ms']:.2f} | {cross['ours_ms']:.2f} |")
-    lines += [
+    rollouts = big["prompts"] * big["group"]
+    return lines + [
         "",
         f"- Inside the pipeline, `d3s/select_time_s` (selection + token mask, as logged) was a median "
-        f"{100 * statistics.median(step_cost_shares):.3f}% of a step in the step-cost runs "
-        f"({cost['prompts_per_step'] * cost['group']} rollouts of {cost['max_new_tokens']} tokens)"
-        + (
-            "."
-            if not study_shares
-            else f" and {100 * statistics.median(study_shares):.2f}% in the study's runs "
-            "(section 2: steps of about a second)."
-        ),
-    ]
-    rollouts = big["prompts"] * big["group"]
-    lines.append(
+        f"{100 * statistics.median(selection_shares(cost)):.3f}% of a step in the step-cost runs "
+        f"({cost['prompts_per_step'] * cost['group']} rollouts of {cost['max_new_tokens']} tokens).",
         f"- At {big['prompts']} prompts x {big['group']} rollouts ({rollouts:,} rollouts) cross-group selection "
         f"takes {big['ours_ms']:.1f} ms: it would reach 1% of a step only if the whole step (generation of "
-        f"{rollouts // 1000}k responses, forwards, update) took under {big['ours_ms'] * 100 / 1e3:.1f} s."
-    )
-    return lines
+        f"{rollouts // 1000}k responses, forwards, update) took under {big['ours_ms'] * 100 / 1e3:.1f} s.",
+    ]
 
 
-def memory_section(memory):
+def selection_shares(cost):
+    """The selection's share of each D3S point's step in the step-cost runs."""
+    return [p["select_time_s"] / p["timing/step_total"] for p in cost["points"][1:]]
+
+
+def memory_section(memory, number):
     """Peak extra memory of the log-prob / entropy forwards (bench_memory.py)."""
     lines = [
-        "## 4. Memory of the log-prob and entropy forward",
+        f"## {number}. Memory of the log-prob and entropy forward",
         "",
         f"Command: `PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_memory.py` ({memory['date']}, "
         f"{memory['machine']}). Peak extra memory from torch's CPU allocator events (exact, not RSS), in MiB: one "
@@ -234,10 +219,10 @@ def _load_note(forward):
     )
 
 
-def forward_section(forward):
+def forward_section(forward, number):
     """Peak memory and time of the actor's forwards on OpenRLHF's Actor (bench_forward.py)."""
     lines = [
-        "## 5. The actor's forwards with chunked logits",
+        f"## {number}. The actor's forwards with chunked logits",
         "",
         f"Command: `PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_forward.py` ({forward['date']}, "
         f"{forward['machine']}). OpenRLHF's `Actor` around a randomly initialised model ({forward['model']}); one "
@@ -338,42 +323,40 @@ def evaluate_section(evaluate, number):
     ]
 
 
-def summary(cost, parts, found):
-    """The headline numbers of the sections (``parts``: the analysed study and ``found`` its claims, None if not
-    run)."""
+def head_lines(cost, memory, evaluate, lora_sync, numbers):
+    """RESULTS.md's head lines of these sections (``numbers``: section name -> its number; ``memory``,
+    ``evaluate``, ``lora_sync`` (``(before, after)``) None where not run)."""
     base = cost["points"][0]
     smallest = min(cost["points"][1:], key=lambda p: (p["kept_rollouts"], p["k"]))
     lines = [
-        "**Summary.**",
-        f"- Step cost ({smallest['label']}, section 1): experience making "
+        f"- Step cost ({smallest['label']}, section {numbers['step_cost']}): experience making "
         f"{smallest['timing/make_experience'] / base['timing/make_experience']:.2f}, actor update "
         f"{smallest['timing/ppo_train'] / base['timing/ppo_train']:.2f}, whole step "
         f"{smallest['timing/step_total'] / base['timing/step_total']:.2f} of GRPO's time for "
-        f"{smallest['kept_rollouts'] / base['kept_rollouts']:.2f} of its rollouts.",
+        f"{smallest['kept_rollouts'] / base['kept_rollouts']:.2f} of its rollouts; generation does not shrink.",
+        f"- Selection (section {numbers['selection']}): at most {100 * max(selection_shares(cost)):.2f}% of a step in "
+        "the step-cost runs.",
     ]
-    for part, analysed in (parts or {}).items():
-        info = analysed["info"]
-        if "GRPO" not in info:
-            continue
-        grpo = info["GRPO"]
-        others = [m for m in info if m != "GRPO"]
+    if memory is not None:
+        longest = memory["rows"][-1]
         lines.append(
-            f"- Study, part `{part}` (section 2): final held-out greedy GRPO {np.mean(grpo['final_greedy']):.3f}, "
-            + ", ".join(
-                f"{m} {np.mean(info[m]['final_greedy']):.3f} (p = {p_text(info[m]['test_vs_grpo'])})" for m in others
-            )
-            + "; trained tokens against GRPO's: "
-            + ", ".join(f"{m} {info[m]['tokens_total'] / grpo['tokens_total']:.2f}" for m in others)
-            + "."
+            f"- Memory of the log-prob and entropy forward (section {numbers['memory']}, CPU): at T = "
+            f"{longest['tokens']:,} the chunked kernel's peak is {longest['chunked_mib']:,.0f} MiB, and does not grow "
+            f"with T, against upstream's forward's {longest['upstream_mib']:,.0f} (with D3S's entropy "
+            f"{longest['upstream_tap_mib']:,.0f})."
         )
-    if parts:
+    if evaluate is not None:
         lines.append(
-            "- The papers' claims at this scale (section 2): "
-            + "; ".join(f"{claim.label}: {claim.verdict}" for claim in found)
-            + "."
+            f"- Checkpoint evaluation (section {numbers['evaluate']}): {evaluate['ratio']:.3f} of a bare vLLM "
+            "generate's wall time."
         )
-    shares = [p["select_time_s"] / p["timing/step_total"] for p in cost["points"][1:]]
-    lines.append(f"- Selection (section 3): at most {100 * max(shares):.2f}% of a step in the step-cost runs.")
+    if lora_sync is not None:
+        before, after = lora_sync
+        name, cell = list(after["results"].items())[-1]
+        lines.append(
+            f"- Merged LoRA weight sync (section {numbers['lora_sync']}, CPU): {name}, "
+            f"{cell['median_s'] / before['results'][name]['median_s']:.2f} of the per-layer sync's time."
+        )
     return lines
 
 

@@ -9,7 +9,7 @@ run's end it stays at its last value (the model a run has at a later time is its
 - **Time to a threshold** (:func:`time_to`): where the curve first reaches it, interpolated linearly between the
   two evaluations around the crossing. A run that never reaches it is **censored** at its end: its value is the
   run's end on that clock and a lower bound on the truth.
-- **Censored values in means and ratios** (:class:`Interval`): a mean over seeds with a censored seed is a lower
+- **Censored values in means and ratios** (``stats.Interval``): a mean over seeds with a censored seed is a lower
   bound (``>=``); the ratio of an arm's mean to a baseline's is a lower bound where only the arm has censored
   seeds, an upper bound (``<=``) where only the baseline has, and unknown where both have. Every bootstrap
   resample's value is bounded the same way, so the interval's ends carry the same bound.
@@ -30,31 +30,24 @@ run's end it stays at its last value (the model a run has at a later time is its
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+
+from .stats import bootstrap_mean, bootstrap_ratio, mean_std, overlap
 
 COLLAPSE = 0.1  # a run whose final greedy accuracy ends more than this below the warm start's has collapsed
 REFERENCE_LR = 2e-4  # today's rate: GRPO's total wall time at it is the sweep's budget
 CLOCKS = ("step", "wall", "generated")
 BASELINES = ("GRPO", "GRPO+DF")
-# the generation level's arms (bench_learning.PARTS["speed"], and the REMOVED_ARMS below) -> the arm each adds its
-# level to: its ratios are taken to that arm too, and the documents report them apart (RESULTS.md section 6)
-GENERATION_BASES = {
-    "GRPO+screen": "GRPO",
-    "D3S+history": "D3S",
-    "D3S+screen4+history": "D3S",
-    "D3S+screen8+history": "D3S",
-    "D3S+screen4+pilot-history": "D3S",
-}
-# arms whose flag was removed after their runs were recorded -> that flag: reported, no longer run
-REMOVED_ARMS = {"D3S+screen4+pilot-history": "--d3s.pilot_history"}
+# an arm that adds a level to another arm (bench_speed.ARMS) -> that arm: its ratios are taken to it too, and to its
+# rerun, timed in the same later batch
+EXTENDS = {"D3S+history": "D3S"}
 # an arm timed again at its chosen rate in a later batch (bench_speed.py --phases rerun) is reported as this arm,
 # beside the arms of that batch: the machine's speed drifted 10-25% between batches (2026-11-27)
 RERUN = " rerun"  # the suffix of such an arm's name
-ALPHA = 0.05
-RESAMPLES = 2000  # bootstrap resamples of the seeds
 
 
 def _clock(curve, clock):
@@ -118,73 +111,7 @@ def choose_lr(areas):
     return max(sorted(areas), key=lambda lr: (np.mean(areas[lr]), -lr))
 
 
-@dataclass(frozen=True)
-class Interval:
-    """A point estimate and its 95% bootstrap interval; ``bound``: ``"="`` (measured), ``">="`` (point and ends are
-    lower bounds), ``"<="`` (upper bounds) or ``"?"`` (censored on both sides of a ratio: no bound)."""
-
-    point: float
-    low: float
-    high: float
-    bound: str = "="
-
-    def text(self, pattern="{:.2f}"):
-        if self.bound == "?":
-            return "- (censored in both)"
-        if math.isnan(self.point):
-            return "-"
-        mark = "" if self.bound == "=" else self.bound
-        low, high = (f"{mark}{pattern.format(v)}" for v in (self.low, self.high))
-        return f"{mark}{pattern.format(self.point)} [{low}, {high}]"
-
-
-def _percentiles(draws):
-    draws = np.asarray(draws, dtype=float)
-    draws = draws[np.isfinite(draws)]
-    if not len(draws):
-        return float("nan"), float("nan")
-    return tuple(
-        float(v) for v in np.percentile(draws, [100 * ALPHA / 2, 100 * (1 - ALPHA / 2)], method="inverted_cdf")
-    )
-
-
-def bootstrap_mean(values, rng, resamples=RESAMPLES):
-    """The seed mean of ``values`` (``(value, censored)`` per seed) with its bootstrap interval; a lower bound if a
-    seed is censored."""
-    points = np.array([v for v, _ in values], dtype=float)
-    draws = points[rng.integers(0, len(points), (resamples, len(points)))].mean(axis=1)
-    bound = ">=" if any(c for _, c in values) else "="
-    return Interval(float(points.mean()), *_percentiles(draws), bound)
-
-
-def bootstrap_ratio(arm, base, rng, resamples=RESAMPLES):
-    """The arm's seed mean over the baseline's (``(value, censored)`` per seed each), with a percentile interval
-    from resampling each side's seeds independently; bounded as :class:`Interval` says."""
-    a, b = (np.array([v for v, _ in values], dtype=float) for values in (arm, base))
-    censored = (any(c for _, c in arm), any(c for _, c in base))
-    bound = {(False, False): "=", (True, False): ">=", (False, True): "<=", (True, True): "?"}[censored]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        point = a.mean() / b.mean()
-        draws = a[rng.integers(0, len(a), (resamples, len(a)))].mean(axis=1) / b[
-            rng.integers(0, len(b), (resamples, len(b)))
-        ].mean(axis=1)
-    if not np.isfinite(point):  # the baseline's mean is 0: it had the threshold at the warm start
-        return Interval(float("nan"), float("nan"), float("nan"), bound)
-    return Interval(float(point), *_percentiles(draws), bound)
-
-
-def overlap(a, b):
-    """Whether two seed-mean intervals (:func:`bootstrap_mean`, measured or lower bounds) overlap: ``"yes"``,
-    ``"no"`` or ``"unknown"`` (a censored interval may still move up)."""
-    if a.bound == b.bound == "=":
-        return "yes" if a.low <= b.high and b.low <= a.high else "no"
-    if a.bound == b.bound == ">=":
-        return "unknown"
-    exact, bounded = (a, b) if a.bound == "=" else (b, a)
-    return "no" if bounded.low > exact.high else "unknown"  # already above, and it can only move up
-
-
-# -- the document --------------------------------------------------------------------------------------------------
+# -- per task and regime ------------------------------------------------------------------------------------------
 def run_key(run):
     """A run's (task, regime)."""
     return run["task"], run["regime"]
@@ -192,54 +119,26 @@ def run_key(run):
 
 def step_costs(runs):
     """Seed means of a run's mean step time and the shares of it spent generating, making experience and training
-    (the rest: the weight broadcast); and two readings of the machine's speed: seconds of training per step
-    (``training_s``: equal work per step for arms that train the same schedule, as D3S and D3S + a generation
-    level) and seconds of generation per million generated tokens (``generation_s_per_mtoken``)."""
-    totals = {key: [] for key in ("step", "generation", "experience", "training", "training_s")}
+    (the rest: the weight broadcast); two readings of the machine's speed: seconds of training per step
+    (``training_s``: equal work per step for arms that train the same schedule, as D3S and D3S + history) and
+    seconds of generation per million generated tokens (``generation_s_per_mtoken``); and the prompts skipped per
+    step (the history prior). From the runs' ``totals``, as bench_speed.py records them."""
+    totals = {key: [] for key in ("step", "generation", "experience", "training", "training_s", "skipped")}
     totals["generation_s_per_mtoken"] = []
     for run in runs:
-        steps = run["steps"]
-        total = sum(steps["timing/step_total"])
-        totals["step"].append(total / len(steps["timing/step_total"]))
-        totals["training_s"].append(sum(steps["timing/ppo_train"]) / len(steps["timing/ppo_train"]))
-        totals["generation_s_per_mtoken"].append(sum(steps["timing/generation"]) / steps["generated"][-1] * 1e6)
+        sums = run["totals"]
+        total = sums["timing/step_total"]
+        totals["step"].append(total / sums["steps"])
+        totals["training_s"].append(sums["timing/ppo_train"] / sums["steps"])
+        totals["generation_s_per_mtoken"].append(sums["timing/generation"] / sums["generated"] * 1e6)
+        totals["skipped"].append(sums["d3s/skipped_prompts"] / sums["steps"])
         for name, key in (
             ("generation", "timing/generation"),
             ("experience", "timing/make_experience"),
             ("training", "timing/ppo_train"),
         ):
-            totals[name].append(sum(steps[key]) / total)
+            totals[name].append(sums[key] / total)
     return {name: float(np.mean(values)) for name, values in totals.items()}
-
-
-def _total(runs, key):
-    return float(sum(sum(run["steps"].get(key, ())) for run in runs))
-
-
-def generation_level(runs, batch):
-    """What an arm's generation level did over its runs (None for an arm without one): pilots per step and the
-    share that passed, the audited false rejects (screened-out prompts whose full group had variance), prompts
-    skipped per step, the shares of the trained groups generated whole (``--d3s.pilot_history``: runs recorded
-    before that flag was removed) and made of pilots carried from the batch before (one policy update old), and the
-    mean screening weight. Per-step counts as bench_speed.py keeps them; ``batch``: the prompts of a step."""
-    keys = {key for run in runs for key in run["steps"]}
-    if not keys & {"d3s/pilots", "d3s/skipped_prompts"}:
-        return None
-    steps = sum(len(run["steps"]["timing/step_total"]) for run in runs)
-    pilots, screened = _total(runs, "d3s/pilots"), _total(runs, "d3s/screened_prompts")
-    audited = _total(runs, "d3s/audited_prompts")
-    unpiloted = _total(runs, "d3s/unpiloted_groups")
-    weights = [w for run in runs for w in run["steps"].get("d3s/screen_weight_mean", ()) if w]
-    return dict(
-        pilots_per_step=pilots / steps,
-        acceptance=1.0 - screened / pilots if pilots else None,
-        false_rejects=(_total(runs, "d3s/false_rejects") / audited, int(audited)) if audited else None,
-        skipped_per_step=_total(runs, "d3s/skipped_prompts") / steps,
-        unpiloted_share=unpiloted / (steps * batch),
-        unpiloted_flat=_total(runs, "d3s/unpiloted_flat") / unpiloted if unpiloted else None,
-        carried_share=_total(runs, "d3s/carried_pilots") / (steps * batch),
-        screen_weight=float(np.mean(weights)) if weights else None,
-    )
 
 
 def sweep_analysis(runs, budget, warm_start):
@@ -255,10 +154,9 @@ def sweep_analysis(runs, budget, warm_start):
     return sweep
 
 
-def arm_analysis(runs, levels, grpo_wall, warm_start, batch):
+def arm_analysis(runs, levels, grpo_wall, warm_start):
     """One arm's study runs (its chosen rate): final accuracy, collapses, times to each threshold per clock,
-    accuracy at and area up to GRPO's total wall time (None without GRPO), step costs, the generation level's
-    counts (:func:`generation_level`; ``batch``: prompts per step)."""
+    accuracy at and area up to GRPO's total wall time (None without GRPO), step costs."""
     times = [{clock: [time_to(run["curve"], level, clock) for run in runs] for clock in CLOCKS} for level in levels]
     rng = np.random.default_rng(0)
     return dict(
@@ -272,14 +170,13 @@ def arm_analysis(runs, levels, grpo_wall, warm_start, batch):
         at_grpo_wall=None if grpo_wall is None else [value_at(run["curve"], "wall", grpo_wall) for run in runs],
         area=None if grpo_wall is None else [area(run["curve"], grpo_wall) for run in runs],
         costs=step_costs(runs),
-        generation=generation_level(runs, batch),
     )
 
 
 def _bases(arm, arms):
-    """The arms of ``arms`` that ``arm``'s times are divided by: the baselines; for an arm of the generation level
-    the arm it adds its level to, and that arm's rerun; for a rerun the arm it times again."""
-    own = GENERATION_BASES.get(arm)
+    """The arms of ``arms`` that ``arm``'s times are divided by: the baselines; for an arm that extends another
+    (``EXTENDS``) that arm, and its rerun; for a rerun the arm it times again."""
+    own = EXTENDS.get(arm)
     if arm.endswith(RERUN):
         bases = (*BASELINES, arm.removesuffix(RERUN))
     else:
@@ -333,8 +230,7 @@ def regime_analysis(document, task, regime):
     arm_lr = {**chosen, **{arm + RERUN: lr for arm, lr in chosen.items()}}
     study = {arm: mine for arm, lr in arm_lr.items() if (mine := arm_runs(every, arm, lr))}
     grpo_wall = float(np.mean([run["curve"][-1]["wall"] for run in study["GRPO"]])) if "GRPO" in study else None
-    batch = document["protocol"]["prompts_per_step"]
-    arms = {arm: arm_analysis(runs, levels, grpo_wall, warm_start, batch) for arm, runs in study.items()}
+    arms = {arm: arm_analysis(runs, levels, grpo_wall, warm_start) for arm, runs in study.items()}
     for arm, m in arms.items():
         m["lr"] = arm_lr[arm]
         m["at_sweep_edge"] = arm in chosen and at_sweep_edge(chosen[arm], list(sweep[arm]))
@@ -372,10 +268,10 @@ def regime_analysis(document, task, regime):
             lr=run["lr"],
             seed=run["seed"],
             phase=run["phase"],
-            steps=len(run["steps"]["timing/step_total"]),
+            steps=run["totals"]["steps"],
         )
         for run in every
-        if run.get("stopped")
+        if run["stopped"]
     ]
     return dict(
         task=task,
@@ -398,3 +294,510 @@ def speed_analysis(document):
     """:func:`regime_analysis` of every task and regime with runs, in the order they were first recorded."""
     keys = list(dict.fromkeys(run_key(run) for run in document["runs"]))
     return [regime_analysis(document, task, regime) for task, regime in keys]
+
+
+# -- the document ---------------------------------------------------------------------------------------------------
+REGIME_TITLES = {"passes": "several passes over {pool} prompts", "fresh": "one pass over fresh prompts"}
+CLOCK_LABELS = {"step": "RL step", "wall": "wall time of the steps (s)", "generated": "generated response tokens"}
+CLOCK_COLUMNS = {"step": "steps", "wall": "wall s", "generated": "generated tokens"}
+LR_COLORS = ("tab:green", "tab:blue", "tab:red", "tab:purple", "tab:orange", "tab:brown")
+GRID = 60  # points of the seed-mean curves on the wall-time and token clocks
+ARM_COLORS = {
+    "GRPO": "tab:gray",
+    "GRPO+DF": "tab:red",
+    "PODS": "tab:orange",
+    "D3S": "tab:blue",
+    "D3S-I": "tab:green",
+    "D3S+history": "tab:cyan",
+}
+_D3S = "N 4 -> 12, K 0.2 -> 0.5"
+ARM_TEXT = {  # the arms of speed_study.json, in words
+    "GRPO+DF": "GRPO + DF (upstream's `--algo.dynamic_filtering_enable`)",
+    "PODS": "PODS (n = 16, m = 4, max-variance)",
+    "D3S": f"D3S ({_D3S})",
+    "D3S-I": f"D3S-I ({_D3S}, intra-group)",
+    "D3S+history": "D3S + the history prior (`--d3s.prompt_skip history`; in the passes regime, where prompts recur)",
+}
+COMMAND = "`.venv/bin/python benchmarks/bench_speed.py --out benchmarks/results`"
+
+
+def _task_name(task):
+    return task.rsplit(".", 1)[-1]
+
+
+def _runs(document, task, regime):
+    return [run for run in document["runs"] if (run["task"], run["regime"]) == (task, regime)]
+
+
+def seed_band(runs, clock):
+    """The grid (0 to the shortest run's end on ``clock``), the seed-mean curve and the seed range on it."""
+    end = min(run["curve"][-1][clock] for run in runs)
+    grid = np.linspace(0.0, end, GRID)
+    values = np.array([[value_at(run["curve"], clock, x) for x in grid] for run in runs])
+    return grid, values.mean(axis=0), values.min(axis=0), values.max(axis=0)
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_study(document, analyses, regime, path):
+    """One row per task of ``regime``: each arm at its chosen rate against steps, wall time and generated tokens
+    (seed mean, shaded: the seed range), the thresholds dotted."""
+    plt = _pyplot()
+    rows = [a for a in analyses if a["regime"] == regime and a["arms"]]
+    figure, axes = plt.subplots(len(rows), 3, figsize=(16, 4.2 * len(rows)), squeeze=False)
+    for row, analysed in zip(axes, rows):
+        runs = _runs(document, analysed["task"], regime)
+        for arm, m in analysed["arms"].items():
+            mine = arm_runs(runs, arm, m["lr"])
+            color = ARM_COLORS.get(arm.removesuffix(RERUN))
+            style = "--" if arm.endswith(RERUN) else "-"  # a rerun: its arm's colour, dashed
+            for axis, clock in zip(row, CLOCKS):
+                grid, mean, low, high = seed_band(mine, clock)
+                label = f"{arm} (lr {m['lr']:g}, {len(mine)} seeds)"
+                axis.plot(grid, mean, color=color, linestyle=style, label=label)
+                axis.fill_between(grid, low, high, color=color, alpha=0.12)
+        for axis, clock in zip(row, CLOCKS):
+            for level in analysed["thresholds"]:
+                axis.axhline(level, color="black", linestyle=":", linewidth=1)
+            axis.set_xlabel(CLOCK_LABELS[clock])
+            axis.set_ylabel(f"{_task_name(analysed['task'])}: held-out greedy accuracy")
+            axis.grid(alpha=0.3)
+        row[0].legend(fontsize=8)
+    figure.suptitle(f"Speed study, {REGIME_TITLES[regime].format(pool=document['protocol']['pool'])}")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def plot_runs(document, analyses, regime, path):
+    """Every run's curve against wall time: one row per task of ``regime``, one panel per arm, one colour per
+    rate (thick: the chosen one), the sweep's budget dashed."""
+    plt = _pyplot()
+    rows = [a for a in analyses if a["regime"] == regime]
+    arms = list(dict.fromkeys(run["arm"] for a in rows for run in _runs(document, a["task"], regime)))
+    lrs = sorted({run["lr"] for run in document["runs"]})
+    figure, axes = plt.subplots(len(rows), len(arms), figsize=(3.6 * len(arms), 3.4 * len(rows)), squeeze=False)
+    for row, analysed in zip(axes, rows):
+        runs = _runs(document, analysed["task"], regime)
+        for axis, arm in zip(row, arms):
+            for run in (run for run in runs if run["arm"] == arm):
+                chosen = analysed["chosen"].get(arm) == run["lr"]
+                axis.plot(
+                    [p["wall"] for p in run["curve"]],
+                    [p["greedy"] for p in run["curve"]],
+                    color=LR_COLORS[lrs.index(run["lr"]) % len(LR_COLORS)],
+                    linewidth=2.0 if chosen else 0.8,
+                    linestyle="--" if run["phase"] == "rerun" else "-",
+                )
+            if analysed["budget"]:
+                axis.axvline(analysed["budget"], color="black", linestyle="--", linewidth=1)
+            axis.axhline(analysed["warm_start"] - COLLAPSE, color="gray", linestyle=":", linewidth=1)
+            axis.set_title(f"{_task_name(analysed['task'])}: {arm}", fontsize=9)
+            axis.set_xlabel("wall time of the steps (s)", fontsize=8)
+            axis.set_ylim(-0.02, 1.02)
+            axis.grid(alpha=0.3)
+    handles = [plt.Line2D([], [], color=LR_COLORS[i % len(LR_COLORS)], label=f"lr {lr:g}") for i, lr in enumerate(lrs)]
+    figure.legend(handles=handles, loc="upper right", fontsize=8)
+    figure.suptitle(
+        f"Every run, {REGIME_TITLES[regime].format(pool=document['protocol']['pool'])}: held-out greedy accuracy "
+        "(thick: the chosen rate; dashed: reruns, and the vertical line the sweep's budget; dotted: the collapse line)",
+        fontsize=10,
+    )
+    figure.tight_layout(rect=(0, 0, 1, 0.95))
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
+
+
+def _sweep_lines(analysed):
+    lrs = sorted({lr for rates in analysed["sweep"].values() for lr in rates})
+    budget = analysed["budget"]
+    if budget is None:
+        head = (
+            f"**Learning rates.** No choice yet: the sweep's budget is GRPO's total wall time at lr {REFERENCE_LR:g}, "
+            "which has no run here."
+        )
+    else:
+        seeds = ", ".join(map(str, analysed["reference_seeds"]))
+        head = (
+            f"**Learning rates.** Budget: GRPO's seed-mean total wall time at lr {REFERENCE_LR:g} (seeds {seeds}), "
+            f"{budget:.0f} s. Per arm and rate: the mean held-out greedy accuracy over wall time [0, budget] (the "
+            "area under the curve over the budget; seed mean, seeds in brackets), then the final accuracy; the "
+            "chosen rate has the highest mean area."
+        )
+    lines = [
+        head,
+        "",
+        "| arm | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " | chosen |",
+        "|---" * (len(lrs) + 2) + "|",
+    ]
+    for arm, rates in analysed["sweep"].items():
+        cells = []
+        for lr in lrs:
+            if lr not in rates:
+                cells.append("-")
+                continue
+            e = rates[lr]
+            collapsed = f", {len(e['collapsed'])} collapsed" if e["collapsed"] else ""
+            area = "-" if budget is None else f"{np.mean(e['area']):.3f}"
+            cell = f"{area} ({len(e['seeds'])}); final {np.mean(e['final']):.3f}{collapsed}"
+            cells.append(f"**{cell}**" if analysed["chosen"].get(arm) == lr else cell)
+        chosen = analysed["chosen"].get(arm)
+        lines.append(f"| {arm} | {' | '.join(cells)} | {'-' if chosen is None else f'{chosen:g}'} |")
+    return lines
+
+
+def _edge_lines(analysed):
+    lines = []
+    edge = [arm for arm, m in analysed["arms"].items() if m["at_sweep_edge"]]
+    if edge:
+        lines += [
+            "",
+            "Chosen at the edge of the sweep (the lowest or the highest rate swept, so the best rate may lie outside "
+            "it): " + ", ".join(f"{arm} ({analysed['arms'][arm]['lr']:g})" for arm in edge) + ".",
+        ]
+    if analysed["incomplete"]:
+        gaps = "; ".join(
+            f"{arm} (" + ", ".join(f"lr {lr:g} seed {seed}" for lr, seed in missing) + ")"
+            for arm, missing in analysed["incomplete"].items()
+        )
+        lines += ["", f"Sweep not complete, so no rate chosen and no study yet: {gaps} still to run."]
+    return lines
+
+
+def _collapse_lines(analysed):
+    head = (
+        f"**Collapsed runs** (final held-out greedy more than {COLLAPSE} below the warm start's "
+        f"{analysed['warm_start']:.3f}):"
+    )
+    if analysed["collapses"]:
+        runs = [
+            f"{c['arm']} lr {c['lr']:g} seed {c['seed']} ({c['phase']}): {c['final']:.3f}"
+            for c in analysed["collapses"]
+        ]
+        counts = {}
+        for c in analysed["collapses"]:
+            counts[c["arm"]] = counts.get(c["arm"], 0) + 1
+        per_arm = ", ".join(f"{arm} {n}" for arm, n in counts.items())
+        lines = [f"{head} {len(runs)} (per arm: {per_arm}): " + "; ".join(runs) + "."]
+    else:
+        lines = [f"{head} none."]
+    if analysed["stopped"]:
+        stopped = "; ".join(
+            f"{r['arm']} lr {r['lr']:g} seed {r['seed']} ({r['phase']}) after step {r['steps']}"
+            for r in analysed["stopped"]
+        )
+        lines += [
+            "",
+            "Stopped at the run cap (bench_speed.py's `--run-cap`: a collapsed policy whose groups are all flat, which "
+            f"dynamic filtering drops and draws again, generates for ever): {stopped}. The last evaluation of each "
+            "stands as its final accuracy.",
+        ]
+    return lines
+
+
+def _arm_lines(analysed):
+    grpo_wall = analysed["grpo_wall"]
+    at = "-" if grpo_wall is None else f"{grpo_wall:.0f} s"
+    lines = [
+        f"**At the chosen rates.** Accuracy at GRPO's seed-mean total wall time ({at}; an arm that ended sooner "
+        "keeps its last accuracy), the area under the curve up to it, and the step costs (the seed-mean step time "
+        "and its shares: generation, experience making, training; the rest is the weight broadcast; then the "
+        "machine's speed, which drifted between batches of runs: seconds of training per step, equal work for "
+        "arms that train the same schedule, and seconds of generation per million generated tokens):",
+        "",
+        "| arm | lr | seeds | final greedy | collapsed | greedy at GRPO's wall time | area to it | total wall s "
+        "| step s | generation | experience | training | training s / step | generation s / M tokens |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for arm, m in analysed["arms"].items():
+        costs = m["costs"]
+        at_wall = "-" if m["at_grpo_wall"] is None else mean_std(m["at_grpo_wall"])
+        area = "-" if m["area"] is None else mean_std(m["area"])
+        lines.append(
+            f"| {arm} | {m['lr']:g} | {', '.join(map(str, m['seeds']))} | {mean_std(m['final'])} | "
+            f"{len(m['collapsed'])} | {at_wall} | {area} | {m['total_wall']:.0f} | {costs['step']:.2f} | "
+            f"{costs['generation']:.0%} | {costs['experience']:.0%} | {costs['training']:.0%} | "
+            f"{costs['training_s']:.2f} | {costs['generation_s_per_mtoken']:.0f} |"
+        )
+    return lines
+
+
+def _skip_lines(analysed):
+    skipping = {arm: m["costs"]["skipped"] for arm, m in analysed["arms"].items() if m["costs"]["skipped"]}
+    if not skipping:
+        return []
+    return [
+        "**Prompts skipped** by the history prior per step, seed mean: "
+        + ", ".join(f"{arm} {n:.1f}" for arm, n in skipping.items())
+        + "."
+    ]
+
+
+def _time_lines(analysed):
+    lines = [
+        "**Time to each threshold** (seed mean with its 95% bootstrap interval over seeds; interpolated linearly "
+        "between evaluations; a seed that never reached the threshold counts at its run's end, which makes the mean "
+        "a lower bound, marked >=):",
+        "",
+        "| threshold | arm | never reached | " + " | ".join(CLOCK_COLUMNS[c] for c in CLOCKS) + " |",
+        "|---|---|---|---|---|---|",
+    ]
+    for i, level in enumerate(analysed["thresholds"]):
+        for arm, m in analysed["arms"].items():
+            censored = sum(c for _, c in m["times"][i]["step"])
+            pattern = {"step": "{:.1f}", "wall": "{:.0f}", "generated": "{:,.0f}"}
+            cells = [m["mean_times"][i][clock].text(pattern[clock]) for clock in CLOCKS]
+            lines.append(f"| {level:.3f} | {arm} | {censored} of {len(m['seeds'])} | {' | '.join(cells)} |")
+    first = [
+        sum(m["first_evaluation"][i] for m in analysed["arms"].values()) for i in range(len(analysed["thresholds"]))
+    ]
+    runs = sum(len(m["seeds"]) for m in analysed["arms"].values())
+    if any(first):
+        counts = ", ".join(f"{level:.3f}: {n} of {runs}" for level, n in zip(analysed["thresholds"], first))
+        lines += [
+            "",
+            f"Runs that first reached a threshold at the first evaluation, so that its time above interpolates from "
+            f"the warm start and reads that evaluation's accuracy more than a time: {counts}.",
+        ]
+    return lines
+
+
+def _ratio_lines(analysed, base):
+    grpo = analysed["arms"][base]
+    lines = [
+        f"**Ratios to {base}** (lr {grpo['lr']:g}): the arm's seed-mean time over {base}'s, with the 95% percentile "
+        "interval of the ratio when both sides' seeds are resampled (>=: a lower bound, the arm had censored seeds; "
+        "<=: an upper bound, the baseline had); overlap: whether the two seed-mean intervals of the time above "
+        "overlap (unknown where a censored one may still move):",
+        "",
+        "| threshold | arm | " + " | ".join(f"{CLOCK_COLUMNS[c]} | overlap" for c in CLOCKS) + " |",
+        "|---" * (2 + 2 * len(CLOCKS)) + "|",
+    ]
+    for i, level in enumerate(analysed["thresholds"]):
+        for arm, m in analysed["arms"].items():
+            if arm == base or base not in m["ratios"]:
+                continue
+            cells = [f"{m['ratios'][base][i][c].text()} | {m['overlap'][base][i][c]}" for c in CLOCKS]
+            lines.append(f"| {level:.3f} | {arm} | {' | '.join(cells)} |")
+    return lines
+
+
+def _replay_lines(analysed):
+    """Each rerun's times over its arm's: the same arm, rate and seeds timed twice, so the size of difference two
+    arms' ratios must exceed before they say anything (runs do not replay bit for bit)."""
+    arms = analysed["arms"]
+    replays = []
+    for arm, m in arms.items():
+        base = arm.removesuffix(RERUN)
+        if arm != base and base in m["ratios"]:
+            ratios = m["ratios"][base]
+            wall, steps = (" / ".join(r[clock].text() for r in ratios) for clock in ("wall", "step"))
+            replays.append(f"`{arm}` took {wall} of {base}'s wall time ({steps} of its steps)")
+    if not replays:
+        return []
+    return [
+        f"**Replays** (the same arm, rate and seeds run twice; runs do not replay bit for bit): {'; '.join(replays)}, "
+        "to the thresholds in turn. A ratio between two arms within that spread is no more than one arm timed twice."
+    ]
+
+
+def _study_seed_lines(analysed, base):
+    arms = {arm: m for arm, m in analysed["arms"].items() if arm != base and base in m["study_ratios"]}
+    if not arms:
+        return []
+    seeds = ", ".join(map(str, analysed["arms"][base]["study_seeds"]))
+    lines = [
+        f"**Wall-time ratios to {base} on the study's seeds alone** ({seeds}; the rates were chosen on the sweep's "
+        "seeds, which count above too, so these are free of that choice):",
+        "",
+        "| threshold | " + " | ".join(arms) + " |",
+        "|---" * (1 + len(arms)) + "|",
+    ]
+    for i, level in enumerate(analysed["thresholds"]):
+        lines.append(f"| {level:.3f} | " + " | ".join(m["study_ratios"][base][i].text() for m in arms.values()) + " |")
+    return lines
+
+
+def ratio_bases():
+    """The arms of the ratio tables, in their order: the baselines, then each arm that another extends, its rerun
+    (timed in the extending arm's batch) first."""
+    return [*BASELINES, *(arm for base in dict.fromkeys(EXTENDS.values()) for arm in (base + RERUN, base))]
+
+
+def regime_lines(document, analysed, heading):
+    """One task and regime's lines, with a ratio table to each of :func:`ratio_bases` that another arm has ratios
+    to."""
+    task, regime = analysed["task"], analysed["regime"]
+    title = REGIME_TITLES[regime].format(pool=document["protocol"]["pool"])
+    spec = document["tasks"][task]
+    fractions = " / ".join(f"{f:.0%}" for f in document["protocol"]["fractions"])
+    lines = [
+        f"{heading} `{_task_name(task)}`, {title}",
+        "",
+        f"Warm start: held-out greedy {analysed['warm_start']:.3f} on {spec['task_config']['n_heldout']} prompts. "
+        f"Thresholds, fixed before the runs (warm start + {fractions} of the gap to 1.0): "
+        + ", ".join(f"{level:.3f}" for level in analysed["thresholds"])
+        + ".",
+        "",
+        *_sweep_lines(analysed),
+        *_edge_lines(analysed),
+        "",
+        *_collapse_lines(analysed),
+    ]
+    if not analysed["arms"]:
+        return lines
+    lines += ["", *_arm_lines(analysed)]
+    skipped = _skip_lines(analysed)
+    lines += ["", *skipped] if skipped else []
+    lines += ["", *_time_lines(analysed)]
+    arms = analysed["arms"]
+    for base in (b for b in ratio_bases() if any(b in m["ratios"] for arm, m in arms.items() if arm != b)):
+        lines += ["", *_ratio_lines(analysed, base)]
+        study_seeds = _study_seed_lines(analysed, base)
+        lines += ["", *study_seeds] if study_seeds else []
+    replays = _replay_lines(analysed)
+    return lines + (["", *replays] if replays else [])
+
+
+def _commands(runs):
+    """The commands that ran ``runs``: the study's (the sweep, then the study), then those of the arms and reruns
+    named apart."""
+    named = [arm for arm in dict.fromkeys(run["arm"] for run in runs) if arm in EXTENDS]
+    reruns = list(dict.fromkeys(run["arm"] for run in runs if run["phase"] == "rerun"))
+    extra = [f"`--arms {' '.join(named)}`"] if named else []
+    extra += [f"`--arms {' '.join(reruns)} --phases rerun`"] if reruns else []
+    study = f"{COMMAND} (the sweep, then the study, each run appended as it ends; see its docstring)"
+    return study + "".join(f", then {command}" for command in extra)
+
+
+def speed_body(document, analyses, plots, heading="###"):
+    """The study's lines; ``plots``: regime -> (the study's plot, every run's plot), as the document links them."""
+    runs = document["runs"]
+    protocol = document["protocol"]
+    tasks = document["tasks"].values()
+    dates = sorted({run["date"] for run in runs} | {t["date"] for t in tasks})
+    machines = sorted({run["machine"] for run in runs})
+    minutes = (
+        sum(run["process_seconds"] + run["eval_seconds"] for run in runs)
+        + sum((t["sft_seconds"] or 0.0) + sum(r["sft_seconds"] for r in t.get("sft_remade", ())) for t in tasks)
+    ) / 60
+    seeds = sorted({run["seed"] for run in runs})
+    lrs = sorted({run["lr"] for run in runs})
+    lines = [
+        f"Command: {_commands(runs)}, then `benchmarks/report.py`. "
+        f"Machine: {'; '.join(machines)}. Dates: {dates[0]} to {dates[-1]}. Duration: {minutes:.0f} minutes of runs, "
+        f"evaluations and warm starts ({len(runs)} runs). Seeds: {', '.join(map(str, seeds))}; rates: "
+        f"{', '.join(f'{lr:g}' for lr in lrs)}.",
+        "",
+        f"Every arm trains {protocol['steps']} steps of {protocol['prompts_per_step']} prompts x G = 16 rollouts "
+        "(`--d3s.schedule_steps`); held-out greedy accuracy every "
+        f"{protocol['eval_every']} steps from saved checkpoints; wall time is the sum of the steps' "
+        "`timing/step_total` (Ray and vLLM start-up, checkpoint saving and the evaluations excluded); generated "
+        "tokens count every response generated. Arms: "
+        + ", ".join(ARM_TEXT.get(arm, arm) for arm in dict.fromkeys(run["arm"] for run in runs))
+        + "; each at the rate its sweep chose; the sweep's seeds at that rate count in the study.",
+    ]
+    reruns = list(dict.fromkeys(run["arm"] + RERUN for run in runs if run["phase"] == "rerun"))
+    if reruns:
+        lines += [
+            "",
+            f"{', '.join(f'`{arm}`' for arm in reruns)}: the arm timed again at its chosen rate in a later batch of "
+            "runs (`--phases rerun`; no part in the choice of rate). The machine's speed drifted 10-25% per "
+            "generated token between batches, so an arm run in a later batch ("
+            + ", ".join(f"{arm}, beside {base}" for arm, base in EXTENDS.items())
+            + ") is compared with the rerun of its base, free of that drift; its step and token ratios carry none.",
+        ]
+    for regime, (study_png, runs_png) in plots.items():
+        if study_png:
+            lines += ["", f"![the study's curves, {regime}]({study_png})"]
+        lines += ["", f"![every run, {regime}]({runs_png})"]
+    for analysed in analyses:
+        lines += ["", *regime_lines(document, analysed, heading)]
+    if protocol["quick"]:
+        lines += ["", "This is a smoke test (`--quick`): too few steps, prompts and seeds for any conclusion."]
+    return lines
+
+
+def write_plots(document, analyses, directory, prefix):
+    """The plots of every regime in ``directory``; regime -> (study plot name, None before any rate is chosen;
+    every-run plot name)."""
+    plots = {}
+    for regime in dict.fromkeys(a["regime"] for a in analyses):
+        study, runs = f"{prefix}_{regime}.png", f"{prefix}_runs_{regime}.png"
+        if any(a["arms"] for a in analyses if a["regime"] == regime):
+            plot_study(document, analyses, regime, Path(directory) / study)
+        else:
+            study = None
+        plot_runs(document, analyses, regime, Path(directory) / runs)
+        plots[regime] = (study, runs)
+    return plots
+
+
+def speed_section(path, number):
+    """RESULTS.md's section of ``speed_study.json`` (its plots written beside it, linked as ``results/...``) and
+    its lines in RESULTS.md's head: ``(section, head)``; the command to run where the file is missing."""
+    title = f"## {number}. Speed to fixed accuracies, each arm at its tuned learning rate"
+    if not Path(path).exists():
+        command = f"{COMMAND} (about 9 hours on 2 CPU cores; it appends run by run and resumes)"
+        return [title, "", f"Not run yet: {command}, then `report.py`."], []
+    document = json.loads(Path(path).read_text())
+    analyses = speed_analysis(document)
+    plots = write_plots(document, analyses, Path(path).parent, "speed_study")
+    linked = {regime: tuple(name and f"results/{name}" for name in names) for regime, names in plots.items()}
+    return [title, "", *speed_body(document, analyses, linked)], head_lines(document, analyses, number)
+
+
+def head_lines(document, analyses, number):
+    """Per task and regime with arms at their chosen rates, each arm's wall time to each threshold as a ratio to
+    its base (GRPO; for an arm that extends another, that arm's rerun where it ran, else that arm), with its
+    interval, and which arms are faster or slower at every threshold; reruns are left out."""
+    lines = []
+    for analysed in analyses:
+        arms = analysed["arms"]
+        ratios, verdicts = [], {"faster": [], "slower": []}
+        for arm, m in arms.items():
+            own = EXTENDS.get(arm)
+            bases = ("GRPO",) if own is None else (own + RERUN, own)
+            base = next((b for b in bases if b != arm and b in m["ratios"]), None)
+            if base is not None and not arm.endswith(RERUN):
+                walls = [r["wall"] for r in m["ratios"][base]]
+                ratios.append(f"{arm} to {base} " + " / ".join(r.text() for r in walls))
+                if all(r.high < 1 and r.bound in ("=", "<=") for r in walls):
+                    verdicts["faster"].append(arm)
+                elif all(r.low > 1 and r.bound in ("=", ">=") for r in walls):
+                    verdicts["slower"].append(arm)
+        if not ratios:
+            continue
+        verdict = "; ".join(
+            f"{word} than its base at every threshold (the whole interval {side} 1): {', '.join(arms)}"
+            for (word, side), arms in zip((("faster", "below"), ("slower", "above")), verdicts.values())
+            if arms
+        )
+        seeds = ", ".join(map(str, sorted({seed for m in arms.values() for seed in m["seeds"]})))
+        title = REGIME_TITLES[analysed["regime"]].format(pool=document["protocol"]["pool"])
+        levels = " / ".join(f"{level:.3f}" for level in analysed["thresholds"])
+        lines.append(
+            f"- Speed (section {number}), `{_task_name(analysed['task'])}`, {title}, seeds {seeds}: wall time to "
+            f"{levels} held-out greedy as a ratio (95% intervals): {'; '.join(ratios)}. "
+            + (f"{verdict[0].upper()}{verdict[1:]}; every other" if verdict else "Every")
+            + " arm's interval holds 1 at some threshold."
+        )
+    return lines
+
+
+def speed_main(path, output):
+    """The study of ``path`` alone, written to ``output`` with its plots beside it; returns ``output``."""
+    document = json.loads(Path(path).read_text())
+    analyses = speed_analysis(document)
+    plots = write_plots(document, analyses, Path(output).parent, Path(output).stem)
+    lines = ["# Speed to fixed accuracies", "", *speed_body(document, analyses, plots, "##")]
+    Path(output).write_text("\n".join(lines) + "\n")
+    print(f"wrote {output} and its plots")
+    return output

@@ -1,6 +1,7 @@
-"""The speed study (benchmarks/bench_speed.py, benchmarks/reporting/speed.py and speed_doc.py) on synthetic curves:
-interpolated times to a threshold, censoring, areas up to a budget, collapses, the choice of learning rate, the
-bootstrap ratios and their bounds, the report; and the runner's appending and resuming with a stand-in launcher."""
+"""The speed study (benchmarks/bench_speed.py, benchmarks/reporting/speed.py, the statistics of
+benchmarks/reporting/stats.py) on synthetic curves: interpolated times to a threshold, censoring, areas up to a budget,
+collapses, the choice of learning rate, the bootstrap ratios and their bounds, the report's numbers and structure; the
+runner's appending and resuming with a stand-in launcher; each arm's run configuration and the run cap."""
 
 import hashlib
 import json
@@ -15,7 +16,9 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
-from reporting import speed  # noqa: E402
+import bench_speed  # noqa: E402
+import report  # noqa: E402
+from reporting import speed, stats  # noqa: E402
 
 
 def curve(greedy, step_s=1.0, tokens=100.0, every=10, warm=None):
@@ -87,10 +90,10 @@ def test_bootstrap_ratio_intervals_contain_the_point_and_collapse_without_spread
     rng = np.random.default_rng(0)
     arm = [(v, False) for v in (10.0, 12.0, 14.0, 16.0)]
     base = [(v, False) for v in (20.0, 22.0, 26.0, 28.0)]
-    ratio = speed.bootstrap_ratio(arm, base, rng)
+    ratio = stats.bootstrap_ratio(arm, base, rng)
     assert ratio.point == pytest.approx(13 / 24) and ratio.low < ratio.point < ratio.high and ratio.bound == "="
     assert ratio.low > 10 / 28 and ratio.high < 16 / 20  # within the extremes of the seed means
-    same = speed.bootstrap_ratio([(5.0, False)] * 4, [(10.0, False)] * 4, rng)
+    same = stats.bootstrap_ratio([(5.0, False)] * 4, [(10.0, False)] * 4, rng)
     assert (same.point, same.low, same.high) == (0.5, 0.5, 0.5)
     assert same.text() == "0.50 [0.50, 0.50]"
 
@@ -106,14 +109,14 @@ def test_bootstrap_ratio_intervals_contain_the_point_and_collapse_without_spread
 def test_censored_seeds_bound_the_ratio(arm_censored, base_censored, bound, text):
     arm = [(10.0, False), (15.0, arm_censored), (10.0, False), (15.0, False)]
     base = [(20.0, False), (15.0, base_censored), (15.0, False), (20.0, False)]
-    ratio = speed.bootstrap_ratio(arm, base, np.random.default_rng(0))
+    ratio = stats.bootstrap_ratio(arm, base, np.random.default_rng(0))
     assert ratio.bound == bound and ratio.text().startswith(text)
     if bound != "?":
         assert ratio.point == pytest.approx(12.5 / 17.5) and f"{bound}" in ratio.text().split("[")[1]
 
 
 def test_a_baseline_with_the_threshold_at_the_warm_start_has_no_ratio():
-    ratio = speed.bootstrap_ratio([(5.0, False)], [(0.0, False)], np.random.default_rng(0))
+    ratio = stats.bootstrap_ratio([(5.0, False)], [(0.0, False)], np.random.default_rng(0))
     assert math.isnan(ratio.point) and ratio.text() == "-"
 
 
@@ -129,8 +132,8 @@ def test_a_baseline_with_the_threshold_at_the_warm_start_has_no_ratio():
     ],
 )
 def test_whether_seed_mean_intervals_overlap(a, b, expected):
-    first, second = (speed.Interval((x[0] + x[1]) / 2, x[0], x[1], x[2]) for x in (a, b))
-    assert speed.overlap(first, second) == expected == speed.overlap(second, first)
+    first, second = (stats.Interval((x[0] + x[1]) / 2, x[0], x[1], x[2]) for x in (a, b))
+    assert stats.overlap(first, second) == expected == stats.overlap(second, first)
 
 
 # -- the analysis and the report on a synthetic study ------------------------------------------------------------------
@@ -158,13 +161,14 @@ def synthetic_run(arm, lr, seed, phase, steps=150, every=10, arms=ARM_SHAPES):
     points = [
         {"step": s, "wall": s * step_s, "generated": s * 100.0, "greedy": greedy(s)} for s in range(0, steps + 1, every)
     ]
-    columns = {
-        "timing/step_total": [step_s] * steps,
-        "timing/generation": [step_s * 0.5] * steps,
-        "timing/make_experience": [step_s * 0.2] * steps,
-        "timing/ppo_train": [step_s * 0.25] * steps,
-        "timing/broadcast": [step_s * 0.05] * steps,
-        "generated": [100.0 * (s + 1) for s in range(steps)],  # cumulative
+    totals = {
+        "steps": steps,
+        "timing/step_total": step_s * steps,
+        "timing/generation": step_s * 0.5 * steps,
+        "timing/make_experience": step_s * 0.2 * steps,
+        "timing/ppo_train": step_s * 0.25 * steps,
+        "d3s/skipped_prompts": 3.0 * steps if arm == "D3S+history" else 0.0,
+        "generated": 100.0 * steps,
     }
     return dict(
         task="pkg.toy_task",
@@ -179,8 +183,9 @@ def synthetic_run(arm, lr, seed, phase, steps=150, every=10, arms=ARM_SHAPES):
         flags=[],
         process_seconds=200.0,
         eval_seconds=10.0,
+        stopped=False,
         curve=points,
-        steps=columns,
+        totals=totals,
     )
 
 
@@ -194,7 +199,9 @@ def synthetic_runs(arms):
 def synthetic_document():
     runs = synthetic_runs(ARM_SHAPES)
     return {
-        "protocol": dict(pool=200, steps=150, prompts_per_step=8, eval_every=10, fractions=[0.25, 0.5, 0.75]),
+        "protocol": dict(
+            quick=False, pool=200, steps=150, prompts_per_step=8, eval_every=10, fractions=[0.25, 0.5, 0.75]
+        ),
         "tasks": {
             "pkg.toy_task": {
                 "task_config": {"n_heldout": 256},
@@ -236,6 +243,7 @@ def test_the_analysis_of_a_synthetic_study():
             "training": 0.25,
             "training_s": 0.2,
             "generation_s_per_mtoken": 0.4 / 100 * 1e6,
+            "skipped": 0.0,
         }
     )
     assert set(grpo["ratios"]) == {"GRPO", "GRPO+DF"}
@@ -264,8 +272,6 @@ def test_what_limits_a_reading_crossings_at_the_first_evaluation_and_rates_at_th
 
 
 def test_an_arm_with_an_incomplete_sweep_chooses_no_rate():
-    from reporting import speed_doc
-
     document = synthetic_document()
     document["runs"] = [  # GRPO+DF's sweep still lacks 2e-4 on seed 1, and its study
         run
@@ -276,209 +282,135 @@ def test_an_arm_with_an_incomplete_sweep_chooses_no_rate():
     assert "GRPO+DF" not in analysed["chosen"] and "GRPO+DF" not in analysed["arms"]
     assert analysed["incomplete"] == {"GRPO+DF": [(2e-4, 1)]}
     assert set(analysed["arms"]["D3S"]["ratios"]) == {"GRPO"}  # no ratios to a baseline without a rate
-    text = "\n".join(speed_doc.regime_lines(document, analysed, "###"))
-    assert "Sweep not complete, so no rate chosen and no study yet: GRPO+DF (lr 0.0002 seed 1) still to run." in text
-    assert "**Ratios to GRPO+DF**" not in text
+    assert ratio_tables(speed.regime_lines(document, analysed, "###")) == ["GRPO"]
 
 
-def test_the_generation_level_of_an_arm_is_counted_over_its_runs():
-    from reporting import speed_doc
-
-    document = synthetic_document()
-    for run in (run for run in document["runs"] if run["arm"] == "D3S"):
-        n = len(run["steps"]["timing/step_total"])
-        alternate = [float(i % 2) for i in range(n)]
-        run["steps"].update(
-            {
-                "d3s/pilots": [12.0] * n,
-                "d3s/screened_prompts": [4.0] * n,
-                "d3s/audited_prompts": [1.0] * n,
-                "d3s/false_rejects": alternate,
-                "d3s/skipped_prompts": [3.0] * n,
-                "d3s/unpiloted_groups": [2.0] * n,
-                "d3s/unpiloted_flat": alternate,
-                "d3s/carried_pilots": [2.0] * n,
-                "d3s/screen_weight_mean": [1.5] * (n - 1) + [0.0],  # a step filled by carried pilots: no weights
-            }
-        )
-    (analysed,) = speed.speed_analysis(document)
-    generation = dict(analysed["arms"]["D3S"]["generation"])
-    assert generation.pop("false_rejects") == (0.5, 600)  # 4 seeds x 150 steps, one audit a step
-    assert generation == pytest.approx(
-        dict(
-            pilots_per_step=12.0,
-            acceptance=2 / 3,
-            skipped_per_step=3.0,
-            unpiloted_share=2 / 8,  # of the 8 groups of a step
-            unpiloted_flat=0.25,
-            carried_share=2 / 8,
-            screen_weight=1.5,
-        )
-    )
-    assert analysed["arms"]["GRPO"]["generation"] is None
-    text = "\n".join(speed_doc.regime_lines(document, analysed, "###"))
-    assert "| D3S | 12.0 | 67% | 50% (600) | 3.0 | 25% (25%) | 25% | 1.50 | 50% |" in text
-    assert "| GRPO | " not in text.split("**The generation level**")[1].split("**Time to each threshold**")[0]
+def ratio_tables(lines):
+    """The bases of a section's ratio tables, in order."""
+    return [line.split("**Ratios to ")[1].split("**")[0] for line in lines if line.startswith("**Ratios to ")]
 
 
-def test_the_speed_report_states_what_was_measured(tmp_path):
-    from reporting import speed_doc
+def table(lines, head):
+    """The rows of the first table after the line that starts with ``head``, as lists of cells."""
+    start = next(i for i, line in enumerate(lines) if line.startswith(head))
+    rows = []
+    for line in lines[start + 1 :]:
+        if line.startswith("|"):
+            rows.append([cell.strip() for cell in line.strip("|").split("|")])
+        elif rows:
+            break
+    return rows[2:]  # without the header and its rule
 
+
+def test_the_speed_report_holds_the_analysis_numbers(tmp_path):
     path = tmp_path / "speed_study.json"
-    path.write_text(json.dumps(synthetic_document()))
-    text = Path(speed_doc.speed_main(path, tmp_path / "speed.md")).read_text()
-    for name in ("speed_fresh.png", "speed_runs_fresh.png"):
-        assert (tmp_path / name).exists() and f"]({name})" in text
-    assert "Machine: test CPU, 2 CPUs. Dates: 2026-11-26 to 2026-11-27." in text
-    assert "Duration: 122 minutes of runs, evaluations and warm starts (32 runs)" in text  # 32 x 210 s + 600 s
-    assert "Seeds: 0, 1, 2, 3; rates: 5e-05, 0.0001, 0.0002." in text
-    assert "(warm start + 25% / 50% / 75% of the gap to 1.0): 0.550, 0.700, 0.850" in text
-    assert "Budget: GRPO's seed-mean total wall time at lr 0.0002 (seeds 0, 1), 150 s." in text
-    assert "1 collapsed" in text and "1 (per arm: GRPO 1): GRPO lr 0.0002 seed 0 (sweep): 0.200" in text
-    assert "| GRPO | 0.0001 | 0, 1, 2, 3 |" in text and "**Ratios to GRPO** (lr 0.0001)" in text
-    assert "**Ratios to GRPO+DF** (lr 0.0002)" in text
-    pods_top = next(line for line in text.splitlines() if line.startswith("| 0.850 | PODS | >="))
-    assert "| no |" in pods_top
-    assert (
-        "Chosen at the edge of the sweep (the lowest or the highest rate swept, so the best rate may lie outside "
-        "it): GRPO+DF (0.0002), PODS (0.0002), D3S (0.0002)." in text
-    )
-    assert (
-        "at the first evaluation, so that its time above interpolates from the warm start and reads that "
-        "evaluation's accuracy more than a time: 0.550: 4 of 16, 0.700: 0 of 16, 0.850: 0 of 16." in text
-    )
-    assert "**Wall-time ratios to GRPO on the study's seeds alone** (2, 3;" in text
-    assert "| threshold | GRPO+DF | PODS | D3S |" in text
-    assert "agrees" not in text and "verdict" not in text.lower()  # measurements only
-
-
-# the generation level's arms: D3S + history reaches D3S's plateau in 0.5x its steps at 0.7 s a step; GRPO +
-# screening GRPO's in the same steps at 1.1 s a step
-LEVEL_SHAPES = {
-    "D3S+history": (0.7, {lr: (reach // 2, top) for lr, (reach, top) in ARM_SHAPES["D3S"][1].items()}, 2e-4),
-    "GRPO+screen": (1.1, ARM_SHAPES["GRPO"][1], 1e-4),
-}
-
-
-def test_the_generation_levels_arms_are_reported_apart_beside_the_arms_they_add_it_to():
-    from reporting import speed_doc
-
     document = synthetic_document()
-    study, level = speed_doc.split(document)
-    assert study == document and level is None  # no generation arm: one part
-    document["runs"] += synthetic_runs(LEVEL_SHAPES)
-    study, level = speed_doc.split(document)
-    assert {run["arm"] for run in study["runs"]} == set(ARM_SHAPES)
-    assert {run["arm"] for run in level["runs"]} == {"GRPO", "D3S", "D3S+history", "GRPO+screen"}
-    # D3S timed again in the generation arms' batch, where a step takes 1.0 s instead of 0.8
+    path.write_text(json.dumps(document))
+    lines = Path(speed.speed_main(path, tmp_path / "speed.md")).read_text().splitlines()
+    for name in ("speed_fresh.png", "speed_runs_fresh.png"):
+        assert (tmp_path / name).exists() and any(line.endswith(f"]({name})") for line in lines)
+    (analysed,) = speed.speed_analysis(document)
+    assert [line for line in lines if line.startswith("#")] == [
+        "# Speed to fixed accuracies",
+        "## `toy_task`, one pass over fresh prompts",
+    ]
+    sweep = {row[0]: row[-1] for row in table(lines, "**Learning rates.**")}
+    assert sweep == {arm: f"{lr:g}" for arm, lr in analysed["chosen"].items()}
+    arms = table(lines, "**At the chosen rates.**")
+    assert [(row[0], row[1], row[2]) for row in arms] == [
+        (arm, f"{m['lr']:g}", "0, 1, 2, 3") for arm, m in analysed["arms"].items()
+    ]
+    times = table(lines, "**Time to each threshold**")
+    assert len(times) == len(LEVELS) * len(ARM_SHAPES)
+    pods_top = next(row for row in times if row[:2] == ["0.850", "PODS"])
+    assert pods_top[2] == "4 of 4" and pods_top[3].startswith(">=")  # censored on every seed: a lower bound
+    assert ratio_tables(lines) == ["GRPO", "GRPO+DF"]
+    to_grpo = table(lines, "**Ratios to GRPO**")
+    d3s = analysed["arms"]["D3S"]["ratios"]["GRPO"]
+    assert [row[4] for row in to_grpo if row[1] == "D3S"] == [level["wall"].text() for level in d3s]
+    assert all(row[1] != "GRPO" for row in to_grpo)
+    collapses = next(line for line in lines if line.startswith("**Collapsed runs**"))
+    assert "GRPO lr 0.0002 seed 0 (sweep): 0.200" in collapses
+
+
+def test_an_arm_that_extends_another_is_compared_with_its_rerun_in_the_same_batch():
+    document = synthetic_document()
+    # D3S + history reaches D3S's plateau in half its steps at 0.7 s a step, in a later batch, where D3S, timed
+    # again, takes 1.0 s a step instead of 0.8
+    history = {"D3S+history": (0.7, {lr: (reach // 2, top) for lr, (reach, top) in ARM_SHAPES["D3S"][1].items()}, 2e-4)}
+    document["runs"] += synthetic_runs(history)
     slower = {"D3S": (1.0, *ARM_SHAPES["D3S"][1:])}
     document["runs"] += [synthetic_run("D3S", 2e-4, seed, "rerun", arms=slower) for seed in (0, 1, 2, 3)]
-    # and a rerun at a rate it did not choose, with the best curve of all: it must not move the choice
+    # and a rerun at a rate D3S did not choose, with the best curve of all: it must not move the choice
     best = {"D3S": (0.8, {5e-5: (5, 0.99)}, 5e-5)}
     document["runs"] += [synthetic_run("D3S", 5e-5, seed, "rerun", arms=best) for seed in (0, 1)]
-    study, level = speed_doc.split(document)
-    assert all(run["phase"] != "rerun" for run in study["runs"])  # section 11 has the study's own runs
-    (analysed,) = speed.speed_analysis(level)
+    (analysed,) = speed.speed_analysis(document)
     assert analysed["chosen"]["D3S"] == 2e-4 and analysed["sweep"]["D3S"][5e-5]["seeds"] == [0, 1]
-    assert analysed["arms"]["D3S"]["costs"]["step"] == pytest.approx(0.8)  # the study's runs, without the reruns
-    assert analysed["arms"]["D3S rerun"]["costs"]["step"] == pytest.approx(1.0)
-    history, screen = analysed["arms"]["D3S+history"], analysed["arms"]["GRPO+screen"]
-    assert set(history["ratios"]) == {"GRPO", "D3S", "D3S rerun"} and set(screen["ratios"]) == {"GRPO"}
-    assert set(analysed["arms"]["D3S"]["ratios"]) == {"GRPO"}  # D3S is a baseline of the level, not an arm of it
+    arms = analysed["arms"]
+    assert arms["D3S"]["costs"]["step"] == pytest.approx(0.8)  # the study's runs, without the reruns
+    assert arms["D3S rerun"]["costs"]["step"] == pytest.approx(1.0)
+    assert set(arms["D3S+history"]["ratios"]) == {"GRPO", "GRPO+DF", "D3S", "D3S rerun"}
+    assert set(arms["D3S rerun"]["ratios"]) == {"GRPO", "GRPO+DF", "D3S"}  # a rerun: divided by the arm it times
+    assert set(arms["D3S"]["ratios"]) == {"GRPO", "GRPO+DF"}
+    assert arms["D3S+history"]["costs"]["skipped"] == pytest.approx(3.0)
     # to 0.55: D3S + history crosses at 0.15 / 0.55 of half D3S's reach (30 + 2 x seed steps; 15 + 2 x seed)
-    to_d3s = history["ratios"]["D3S"][0]
+    to_d3s = arms["D3S+history"]["ratios"]["D3S"][0]
     assert to_d3s["step"].point == pytest.approx(np.mean([15, 17, 19, 21]) / np.mean([30, 32, 34, 36]))
     assert to_d3s["wall"].point == pytest.approx(to_d3s["step"].point * 0.7 / 0.8)
-    assert history["ratios"]["D3S rerun"][0]["wall"].point == pytest.approx(to_d3s["step"].point * 0.7 / 1.0)
-    assert history["costs"]["training_s"] == pytest.approx(0.7 * 0.25)
-    text = "\n".join(speed_doc.level_body(level, [analysed], {}))
-    assert "--arms GRPO+screen D3S+history D3S+screen4+history" in text
-    ratios_to_d3s = text.split("**Ratios to D3S**")[1].split("**")[0]
-    assert "| D3S+history |" in ratios_to_d3s and "GRPO+screen" not in ratios_to_d3s
-    assert "| D3S+history |" in text.split("**Ratios to D3S rerun**")[1].split("**")[0]
-    assert "| GRPO+screen |" in text.split("**Ratios to GRPO**")[1] and "GRPO+DF" not in text
-    # a rerun is divided by the arm it times again: the replay line reads the noise of timing one arm twice
-    assert set(analysed["arms"]["D3S rerun"]["ratios"]) == {"GRPO", "D3S"}
-    assert "| D3S rerun |" in ratios_to_d3s and "**Replays**" in text and "`D3S rerun` took " in text
-    # while the arm's sweep is incomplete, no table of ratios to D3S rerun (it would have no rows)
-    document["runs"] = [run for run in document["runs"] if run["arm"] != "D3S+history" or run["seed"] == 0]
-    _, level = speed_doc.split(document)
-    (analysed,) = speed.speed_analysis(level)
-    text = "\n".join(speed_doc.level_body(level, [analysed], {}))
-    assert "Sweep not complete" in text and "**Ratios to D3S rerun" not in text and "**Ratios to GRPO**" in text
-    assert "| D3S+history |" not in text.split("**Ratios to D3S**")[1].split("**")[0]
+    to_rerun = arms["D3S+history"]["ratios"]["D3S rerun"][0]["wall"]
+    assert to_rerun.point == pytest.approx(to_d3s["step"].point * 0.7 / 1.0)
+    lines = speed.regime_lines(document, analysed, "###")
+    assert ratio_tables(lines) == ["GRPO", "GRPO+DF", "D3S rerun", "D3S"]
+    assert [row[1] for row in table(lines, "**Ratios to D3S rerun**")] == ["D3S+history"] * len(LEVELS)
+    assert {row[1] for row in table(lines, "**Ratios to D3S**")} == {"D3S+history", "D3S rerun"}
+    skipped = next(line for line in lines if line.startswith("**Prompts skipped**"))
+    assert skipped.endswith("D3S+history 3.0.")
+    (head,) = speed.head_lines(document, [analysed], 1)
+    assert f"D3S+history to D3S rerun {to_rerun.text()}" in head and "D3S rerun to" not in head
 
 
-def test_the_removed_pilot_history_arm_is_reported_from_its_recorded_runs():
-    import bench_learning
-    from reporting import speed_doc
-
-    arm = "D3S+screen4+pilot-history"
-    assert arm not in bench_learning.PARTS["speed"]  # its flag, --d3s.pilot_history, is gone: no new runs
-    document = synthetic_document()
-    document["runs"] += synthetic_runs({arm: LEVEL_SHAPES["D3S+history"]})
-    _, level = speed_doc.split(document)
-    assert {run["arm"] for run in level["runs"]} == {"GRPO", "D3S", arm}
-    (analysed,) = speed.speed_analysis(level)
-    assert set(analysed["arms"][arm]["ratios"]) == {"GRPO", "D3S"}
-    text = "\n".join(speed_doc.level_body(level, [analysed], {}))
-    assert "(`--d3s.pilot_history`, removed after this study: it did not win;" in text
-    assert f"| {arm} |" in text.split("**Ratios to D3S**")[1].split("**")[0]
-
-
-def test_results_md_has_the_speed_study_as_section_11_when_it_ran(tmp_path):
-    import report
-
+def test_results_md_opens_with_what_stands_then_numbered_sections(tmp_path):
     results = tmp_path / "results"
     results.mkdir()
     for name in ("selection.json", "step_cost.json"):
         (results / name).write_text((BENCHMARKS / "results" / name).read_text())
     report.main(["--results", str(results), "--output", str(tmp_path / "RESULTS.md")])
-    not_run = (tmp_path / "RESULTS.md").read_text().split("## 11. Speed to fixed accuracies")[1]
-    assert "Not run yet: `.venv/bin/python benchmarks/bench_speed.py" in not_run  # the section says how to run it
+    text = (tmp_path / "RESULTS.md").read_text()
+    section = text.split("## 1. Speed to fixed accuracies")[1].split("\n## ")[0]
+    assert "`.venv/bin/python benchmarks/bench_speed.py" in section  # not run: the section says how to run it
     (results / "speed_study.json").write_text(json.dumps(synthetic_document()))
     report.main(["--results", str(results), "--output", str(tmp_path / "RESULTS.md")])
-    text = (tmp_path / "RESULTS.md").read_text()
-    assert "## 11. Speed to fixed accuracies, each arm at its tuned learning rate" in text
-    assert "](results/speed_study_fresh.png)" in text and (results / "speed_study_fresh.png").exists()
-    assert "### `toy_task`, one pass over fresh prompts" in text
-    # the head of RESULTS.md summarises it: every arm's wall-time ratios to GRPO at the thresholds
-    head = text.split("## 1. ")[0]
-    speed_line = next(line for line in head.splitlines() if line.startswith("- Section 11,"))
-    assert "`toy_task`, one pass over fresh prompts, each arm at its tuned rate, seeds 0, 1, 2, 3" in speed_line
-    assert "wall time to 0.550 / 0.700 / 0.850 held-out greedy as a ratio (95% intervals)" in speed_line
-    d3s = speed.speed_analysis(synthetic_document())[0]["arms"]["D3S"]["ratios"]["GRPO"]
-    assert "D3S to GRPO " + " / ".join(level["wall"].text() for level in d3s) in speed_line
-    assert "GRPO+DF to GRPO " in speed_line and "PODS to GRPO " in speed_line and " / >=" in speed_line  # PODS
-    section6 = text.split("## 6. The generation level on the speed protocol")[1].split("\n## ")[0]
-    assert "Not run yet: `.venv/bin/python benchmarks/bench_speed.py" in section6
+    lines = (tmp_path / "RESULTS.md").read_text().splitlines()
+    numbers = [int(line[3:].split(".")[0]) for line in lines if line.startswith("## ")]
+    assert numbers[:3] == [1, 2, 3] and numbers == sorted(set(numbers))  # a section not run yet leaves a gap
+    head = lines[: lines.index(next(line for line in lines if line.startswith("## 1. ")))]
+    assert len(head) <= 40
+    assert "](results/speed_study_fresh.png)" in "\n".join(lines) and (results / "speed_study_fresh.png").exists()
+    (speed_line,) = [line for line in head if line.startswith("- Speed (section 1)")]
+    arms = speed.speed_analysis(synthetic_document())[0]["arms"]
+    for arm in ("GRPO+DF", "PODS", "D3S"):
+        assert (
+            f"{arm} to GRPO " + " / ".join(level["wall"].text() for level in arms[arm]["ratios"]["GRPO"]) in speed_line
+        )
+    faster = [arm for arm, m in arms.items() if arm != "GRPO" and all(r["wall"].high < 1 for r in m["ratios"]["GRPO"])]
+    assert faster == ["GRPO+DF", "D3S"] and f"below 1): {', '.join(faster)};" in speed_line
     report.main(["--speed", str(results / "speed_study.json"), "--output", str(tmp_path / "alone.md")])
-    assert (tmp_path / "alone.md").read_text().startswith("# Speed to fixed accuracies")
-    # the generation level's arms: section 6, and out of section 11
-    document = synthetic_document()
-    document["runs"] += synthetic_runs(LEVEL_SHAPES)
-    (results / "speed_study.json").write_text(json.dumps(document))
+    assert (tmp_path / "alone.md").read_text().splitlines()[0] == "# Speed to fixed accuracies"
+
+
+def test_the_committed_results_md_is_what_report_py_writes(tmp_path):
+    """RESULTS.md is regenerated from the JSON: the committed one is report.py's output (its plots go to a copy)."""
+    results = tmp_path / "results"
+    results.mkdir()
+    for path in (BENCHMARKS / "results").glob("*.json"):
+        (results / path.name).write_text(path.read_text())
     report.main(["--results", str(results), "--output", str(tmp_path / "RESULTS.md")])
-    text = (tmp_path / "RESULTS.md").read_text()
-    section6 = text.split("## 6. The generation level on the speed protocol")[1].split("\n## ")[0]
-    assert "](results/generation_level_fresh.png)" in section6 and (results / "generation_level_fresh.png").exists()
-    assert "| D3S+history | 0.0002 |" in section6 and "D3S+history" not in text.split("## 11. ")[1]
-    level_line = next(line for line in text.split("## 1. ")[0].splitlines() if line.startswith("- Section 6,"))
-    assert "D3S+history to D3S " in level_line and "GRPO+screen to GRPO " in level_line
-    document["runs"] += [synthetic_run("D3S", 2e-4, seed, "rerun") for seed in (0, 1)]
-    (results / "speed_study.json").write_text(json.dumps(document))
-    report.main(["--results", str(results), "--output", str(tmp_path / "RESULTS.md")])
-    text = (tmp_path / "RESULTS.md").read_text()
-    level_line = next(line for line in text.split("## 1. ")[0].splitlines() if line.startswith("- Section 6,"))
-    assert "D3S+history to D3S rerun " in level_line  # the base timed in the same batch, where it ran
-    assert "D3S rerun" not in text.split("## 11. ")[1]
-    report.main(["--speed", str(results / "speed_study.json"), "--output", str(tmp_path / "alone.md")])
-    assert "\n# The generation level\n" in (tmp_path / "alone.md").read_text()
+    assert (tmp_path / "RESULTS.md").read_text() == (BENCHMARKS / "RESULTS.md").read_text()
 
 
 # -- the runner: appending seed by seed, resuming, the study at the chosen rates -----------------------------------
 class FakeLauncher:
-    """bench_learning.run and prepare_task without Ray: GRPO learns best at 1e-4, D3S at 2e-4; the ``fail_at``-th
+    """bench_speed.run and prepare_task without Ray: GRPO learns best at 1e-4, D3S at 2e-4; the ``fail_at``-th
     run raises (a run cut off); GRPO at 5e-5 on ``stop_seed`` is stopped at the run cap after half its steps."""
 
     PEAK = {"GRPO": 1e-4, "D3S": 2e-4}
@@ -488,10 +420,10 @@ class FakeLauncher:
         self.workdirs = []
         self.weights, self.greedy = b"sft weights", 0.1  # what a warm start made now holds, and scores
 
-    def run(self, prepared, task, part, arm, seed, workdir, steps, eval_every, samples, prompts, fp32, **kw):
+    def run(self, prepared, task, arm, seed, workdir, steps, eval_every, samples, prompts, fp32, **kw):
         self.calls.append((kw["regime"], arm, kw["lr"], seed))
         self.workdirs.append(Path(workdir))
-        assert part == "speed" and not kw["keep_models"] and samples == 0 and kw["cap"] > 0
+        assert samples == 0 and kw["cap"] > 0
         if len(self.calls) == self.fail_at:
             raise RuntimeError("run failed")
         stopped = (arm, kw["lr"], seed) == ("GRPO", 5e-5, self.stop_seed)
@@ -540,12 +472,9 @@ class FakeLauncher:
 
 @pytest.fixture
 def launcher(monkeypatch):
-    import bench_learning
-    import bench_speed
-
     fake = FakeLauncher()
-    monkeypatch.setattr(bench_learning, "run", fake.run)
-    monkeypatch.setattr(bench_learning, "prepare_task", fake.prepare_task)
+    monkeypatch.setattr(bench_speed, "run", fake.run)
+    monkeypatch.setattr(bench_speed, "prepare_task", fake.prepare_task)
     monkeypatch.setattr(bench_speed.evaluate, "heldout_accuracy", fake.heldout_accuracy)
     return fake
 
@@ -557,11 +486,9 @@ def speed_argv(tmp_path, *more):
 
 
 def test_the_runner_appends_each_run_and_resumes_where_it_stopped(tmp_path, launcher):
-    import bench_speed
-
     launcher.fail_at = 5
     with pytest.raises(RuntimeError, match="run failed"):
-        bench_speed.main(speed_argv(tmp_path, "--no-report"))
+        bench_speed.main(speed_argv(tmp_path))
     path = tmp_path / "out" / "speed_study.json"
     document = json.loads(path.read_text())
     assert len(document["runs"]) == 4  # the four runs before the failure were kept
@@ -576,7 +503,16 @@ def test_the_runner_appends_each_run_and_resumes_where_it_stopped(tmp_path, laun
     first = document["runs"][0]
     assert [p["step"] for p in first["curve"]] == [0, 2, 4] and first["curve"][0]["greedy"] == 0.1
     assert first["curve"][-1]["wall"] == 4.0 and first["curve"][-1]["generated"] == 4 * 20.0 * 128
-    assert first["steps"]["timing/generation"] == [0.5] * 4 and first["phase"] == "sweep"
+    assert first["totals"] == {
+        "steps": 4,
+        "timing/step_total": 4.0,
+        "timing/generation": 2.0,
+        "timing/make_experience": 0.8,
+        "timing/ppo_train": 1.0,
+        "d3s/skipped_prompts": 0.0,
+        "generated": 4 * 20.0 * 128,
+    }
+    assert first["phase"] == "sweep" and not first["stopped"]
 
     launcher.calls.clear()
     launcher.fail_at = None
@@ -588,10 +524,11 @@ def test_the_runner_appends_each_run_and_resumes_where_it_stopped(tmp_path, laun
     document = json.loads(path.read_text())
     assert len(document["runs"]) == 16 and {r["phase"] for r in document["runs"] if r["seed"] > 1} == {"study"}
     assert launcher.warm_starts == 1  # the warm start and its thresholds were set once, before the first run
-    assert (tmp_path / "out" / "speed_study.md").exists() and (tmp_path / "out" / "speed_study_fresh.png").exists()
+    report.main(["--speed", str(path), "--output", str(tmp_path / "out" / "speed_study.md")])  # the report reads it
+    assert (tmp_path / "out" / "speed_study_fresh.png").exists()
 
     launcher.calls.clear()
-    bench_speed.main(speed_argv(tmp_path, "--no-report"))
+    bench_speed.main(speed_argv(tmp_path))
     assert launcher.calls == []
     with pytest.raises(SystemExit, match="holds a study with steps 4; give another --out"):
         bench_speed.main(speed_argv(tmp_path, "--steps", "6"))
@@ -601,9 +538,7 @@ def test_a_warm_start_made_anew_is_taken_only_if_it_reproduces_the_runs(tmp_path
     """A fresh machine or another --workdir makes the SFT again: its runs go on where its weights are those of the
     recorded runs (or, in a study recorded before the digest was kept, its held-out accuracy theirs); the thresholds
     stay the recorded ones."""
-    import bench_speed
-
-    argv = speed_argv(tmp_path, "--arms", "GRPO", "--sweep-seeds", "0", "--seeds", "--no-report")
+    argv = speed_argv(tmp_path, "--arms", "GRPO", "--sweep-seeds", "0", "--seeds")
     bench_speed.main(argv)
     path = tmp_path / "out" / "speed_study.json"
     task = "d3s_openrlhf.tasks.chainsum"
@@ -642,9 +577,7 @@ def test_a_warm_start_made_anew_is_taken_only_if_it_reproduces_the_runs(tmp_path
 def test_before_the_first_run_another_warm_start_replaces_the_recorded_one(tmp_path, launcher):
     """No run reads the thresholds yet: a warm start made anew, or found changed in the workdir, is evaluated and
     sets them; one found unchanged is not evaluated again."""
-    import bench_speed
-
-    argv = speed_argv(tmp_path, "--arms", "GRPO", "--phases", "study", "--seeds", "--no-report")
+    argv = speed_argv(tmp_path, "--arms", "GRPO", "--phases", "study", "--seeds")
     path, task = tmp_path / "out" / "speed_study.json", "d3s_openrlhf.tasks.chainsum"
     bench_speed.main(argv)
     bench_speed.main(argv)
@@ -662,33 +595,26 @@ def test_before_the_first_run_another_warm_start_replaces_the_recorded_one(tmp_p
 
 
 def test_a_run_stopped_at_the_cap_is_kept_and_reported(tmp_path, launcher):
-    import bench_speed
-
     launcher.stop_seed = 1
     bench_speed.main(speed_argv(tmp_path, "--steps", "8", "--run-cap", "60"))
     document = json.loads((tmp_path / "out" / "speed_study.json").read_text())
     (stopped,) = [run for run in document["runs"] if run["stopped"]]
     assert (stopped["arm"], stopped["lr"], stopped["seed"]) == ("GRPO", 5e-5, 1)
-    assert len(stopped["steps"]["timing/step_total"]) == 4 and stopped["curve"][-1]["step"] == 4
-    text = (tmp_path / "out" / "speed_study.md").read_text()
-    assert "Stopped at the run cap (bench_speed.py's `--run-cap`" in text
-    assert "GRPO lr 5e-05 seed 1 (sweep) after step 4" in text
+    assert stopped["totals"]["steps"] == 4 and stopped["curve"][-1]["step"] == 4
+    (analysed,) = speed.speed_analysis(document)
+    assert analysed["stopped"] == [dict(arm="GRPO", lr=5e-5, seed=1, phase="sweep", steps=4)]
 
 
 def test_the_study_waits_for_a_complete_sweep(tmp_path, launcher):
-    import bench_speed
-
-    bench_speed.main(speed_argv(tmp_path, "--arms", "GRPO", "--phases", "sweep", "--sweep-seeds", "0", "--no-report"))
+    bench_speed.main(speed_argv(tmp_path, "--arms", "GRPO", "--phases", "sweep", "--sweep-seeds", "0"))
     with pytest.raises(SystemExit, match=r"needs its sweep first \(--phases sweep\); missing: D3S lr 5e-05 seed 0"):
-        bench_speed.main(speed_argv(tmp_path, "--phases", "study", "--sweep-seeds", "0", "--no-report"))
+        bench_speed.main(speed_argv(tmp_path, "--phases", "study", "--sweep-seeds", "0"))
 
 
 def test_a_rerun_times_an_arm_again_at_its_chosen_rate_and_is_kept_apart(tmp_path, launcher):
-    import bench_speed
-
-    bench_speed.main(speed_argv(tmp_path, "--no-report"))
+    bench_speed.main(speed_argv(tmp_path))
     launcher.calls.clear()
-    rerun = speed_argv(tmp_path, "--arms", "D3S", "--phases", "rerun", "--rerun-seeds", "0", "1", "--no-report")
+    rerun = speed_argv(tmp_path, "--arms", "D3S", "--phases", "rerun", "--rerun-seeds", "0", "1")
     bench_speed.main(rerun)
     assert launcher.calls == [("fresh", "D3S", 2e-4, 0), ("fresh", "D3S", 2e-4, 1)]  # D3S's chosen rate, again
     assert [w.name for w in launcher.workdirs[-2:]] == ["rerun", "rerun"]  # the study's logs stay
@@ -703,16 +629,12 @@ def test_a_rerun_times_an_arm_again_at_its_chosen_rate_and_is_kept_apart(tmp_pat
     (analysed,) = speed.speed_analysis(document)
     assert analysed["arms"]["D3S rerun"]["seeds"] == [0, 1] and analysed["arms"]["D3S"]["seeds"] == [0, 1, 2, 3]
     with pytest.raises(SystemExit, match="needs its sweep first"):  # a rerun needs a chosen rate
-        bench_speed.main(speed_argv(tmp_path, "--phases", "rerun", "--lrs", "2.5e-5", "2e-4", "--no-report"))
+        bench_speed.main(speed_argv(tmp_path, "--phases", "rerun", "--lrs", "2.5e-5", "2e-4"))
 
 
 def test_an_arm_lacking_a_rate_another_arm_swept_waits_for_it(tmp_path, launcher):
-    import bench_speed
-
-    bench_speed.main(speed_argv(tmp_path, "--phases", "sweep", "--sweep-seeds", "0", "--no-report"))
-    bench_speed.main(
-        speed_argv(tmp_path, "--arms", "GRPO", "--lrs", "2.5e-5", "2e-4", "--sweep-seeds", "0", "--no-report")
-    )
+    bench_speed.main(speed_argv(tmp_path, "--phases", "sweep", "--sweep-seeds", "0"))
+    bench_speed.main(speed_argv(tmp_path, "--arms", "GRPO", "--lrs", "2.5e-5", "2e-4", "--sweep-seeds", "0"))
     # D3S has every rate of its own --lrs, but not GRPO's 2.5e-5: the report would choose no rate for it
     with pytest.raises(SystemExit, match=r"needs its sweep first \(--phases sweep\); missing: D3S lr 2.5e-05 seed 0"):
         bench_speed.main(speed_argv(tmp_path, "--arms", "D3S", "--phases", "study", "--sweep-seeds", "0"))
@@ -727,16 +649,12 @@ def test_an_arm_lacking_a_rate_another_arm_swept_waits_for_it(tmp_path, launcher
     ],
 )
 def test_bad_options_are_refused_before_any_run(tmp_path, launcher, flags, message):
-    import bench_speed
-
     with pytest.raises(SystemExit, match=message):
         bench_speed.main(speed_argv(tmp_path, *flags))
     assert launcher.calls == [] and not (tmp_path / "out").exists()
 
 
 def test_each_task_runs_its_own_regimes():
-    import bench_speed
-
     options = bench_speed.parse_options([])
     assert [bench_speed.regimes_of(options, task) for task in options.tasks] == [["passes", "fresh"], ["fresh"]]
     assert options.arms == ["GRPO", "GRPO+DF", "PODS", "D3S", "D3S-I"] and options.lrs == [2.5e-5, 5e-5, 1e-4, 2e-4]
@@ -744,10 +662,78 @@ def test_each_task_runs_its_own_regimes():
     assert options.steps // options.eval_every == 15
 
 
-def test_every_generation_count_the_study_keeps_is_read_from_the_runs():
-    import bench_learning
-    import bench_speed
+def test_every_total_the_study_keeps_is_read_from_the_runs():
+    # a total missing from the keys read off a run's events would be 0 in the JSON without a word
+    assert set(bench_speed.SUMMED) <= set(bench_speed.KEYS)
 
-    # a count missing from the keys read off a run's events would be absent from the JSON without a word
-    assert set(bench_speed.GENERATION_KEYS) <= set(bench_learning.KEYS)
-    assert set(bench_speed.STEP_KEYS) <= set(bench_learning.KEYS)
+
+@pytest.mark.parametrize("regime, pool", [("passes", 200), ("fresh", 4000)])
+def test_every_arm_trains_the_same_steps(regime, pool, tmp_path):
+    from d3s_openrlhf.cli.train_ppo_ray import resolve
+    from d3s_openrlhf.integration import host
+    from d3s_openrlhf.testbed import pipeline
+
+    files = pipeline.TaskFiles(sft="sft.jsonl", prompts="prompts.jsonl", heldout="heldout.jsonl")
+    prepared = pipeline.Prepared(base_model="base", sft_model="sft", task=files, reward_file="r.py")
+    for arm in bench_speed.ARMS:
+        config = bench_speed.rl_config(prepared, arm, 0, 150, 10, 8, True, pool, 1e-4)
+        argv = [str(flag) for flag in pipeline.ppo_args("sft", files, str(tmp_path), config)]
+        assert argv[argv.index("--actor.adam.lr") + 1] == "0.0001"
+        d3s, _, host_args, _ = resolve(argv)
+        fixed = host.fixed_steps(d3s, host_args)
+        if bench_speed.drops_prompts(arm):  # its fixed steps, over the pool cycled as it needs
+            assert fixed == 150 and config.steps * config.prompts_per_step == pool, arm
+        else:  # upstream's passes: whole ones over the pool, or one pass over fresh prompts
+            assert fixed is None and config.steps * config.episodes == 150, arm
+            assert config.steps * config.prompts_per_step == min(pool, 150 * 8), arm
+            assert host.rollout_steps(config.steps * config.prompts_per_step, host_args) == 150
+
+
+def test_the_arms_generate_and_train_as_published():
+    grpo, pods, d3s, d3s_i = (bench_speed.ARMS[arm] for arm in ("GRPO", "PODS", "D3S", "D3S-I"))
+    assert {group for group, _ in bench_speed.ARMS.values()} == {bench_speed.G}
+    flags = [str(flag) for flag in pods[1]]
+    assert flags[flags.index("--d3s.n_init") + 1] == str(bench_speed.PODS_M)  # PODS trains m of its n = G
+    assert [str(flag) for flag in grpo[1]].count(str(bench_speed.G)) == 2  # GRPO: N = G, nothing dropped
+    assert d3s[1][2:] == d3s_i[1][2:] and (d3s[1][1], d3s_i[1][1]) == ("d3s", "d3s-i")  # only the scope differs
+    assert bench_speed.ARMS["D3S+history"][1] == [*d3s[1], *bench_speed.HISTORY]
+
+
+@pytest.mark.parametrize("cap", [60.0, 900.0])
+def test_a_run_past_its_cap_is_kept_with_what_it_saved(cap, tmp_path, monkeypatch):
+    """A run still going at ``cap`` is stopped and kept: its logged steps and the checkpoints saved before its last
+    logged step (one of that step may be cut off mid-write), no final model."""
+    from d3s_openrlhf.testbed import pipeline
+
+    workdir = tmp_path / "runs"
+
+    def stalled(command, log, timeout=None):
+        assert timeout == cap
+        (run_dir,) = workdir.glob("speed-fresh-GRPO+DF-lr0.0002-seed0")
+        for step in (2, 3):
+            (run_dir / "checkpoints" / f"global_step{step}_hf").mkdir(parents=True)
+        raise TimeoutError("still generating")
+
+    def launch(*args):
+        (workdir / "speed-fresh-GRPO+DF-lr0.0002-seed0").mkdir(parents=True)
+        return ["train"]
+
+    monkeypatch.setattr(pipeline, "run_logged", stalled)
+    monkeypatch.setattr(pipeline, "launcher_command", launch)
+    monkeypatch.setattr(pipeline, "ppo_args", lambda *args: [])
+    monkeypatch.setattr(
+        bench_speed, "read_train_scalars", lambda path: {s: {"rollout/num_samples": 128} for s in (1, 2, 3)}
+    )
+    evaluated = []
+    monkeypatch.setattr(
+        bench_speed.evaluate,
+        "heldout_accuracy",
+        lambda path, heldout, **kw: evaluated.append(Path(path).name) or {"greedy": 0.0},
+    )
+    files = pipeline.TaskFiles(sft="sft.jsonl", prompts="prompts.jsonl", heldout="heldout.jsonl")
+    prepared = pipeline.Prepared(base_model="base", sft_model="sft", task=files, reward_file="r.py")
+    result = bench_speed.run(
+        prepared, "pkg.task", "GRPO+DF", 0, str(workdir), 4, 2, 0, 8, True, "fresh", 4000, 2e-4, cap
+    )
+    assert result["stopped"] and len(result["steps"]) == 3
+    assert evaluated == ["global_step2_hf"] and [e["step"] for e in result["heldout"]] == [2]
