@@ -3,10 +3,10 @@ runtime, over a toy task in which a known half of the prompts is always solved: 
 of an "easy" prompt (operands with an even sum) reward 1 and scores the others by exact match, and logs each scored
 rollout so that the test can count what was generated.
 
-Sync (D3S + history, several passes), async with dynamic filtering, dynamic batching on a two-node Ray cluster
-(two ZeRO-3 ranks, two vLLM engines), a checkpoint resume (also one from the best checkpoint of an evaluation, sync
-and async); and a run that can never fill a batch (a reward that never varies under upstream's filter) stops with
-the stall rule's message. The reward always comes at generation time (``--reward.remote_url`` with a reward
+Sync (D3S + history, several passes), async with dynamic filtering, a resume from the best checkpoint of an
+evaluation that restores the position and the history (sync and async; tests/e2e/test_e2e_pipeline.py resumes from a
+regular checkpoint), and a run that can never fill a batch (a reward that never varies under upstream's filter) stops
+with the stall rule's message. The reward always comes at generation time (``--reward.remote_url`` with a reward
 file)."""
 
 import dataclasses
@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from d3s_openrlhf.testbed import pipeline
-from d3s_openrlhf.testbed.ray_cluster import Cluster
 
 pytestmark = pytest.mark.e2e
 
@@ -105,46 +104,8 @@ def test_async_with_dynamic_filtering(toy_sft, run_pipeline, assert_clean_run, t
     counts, _ = scored(log)
     assert all(count % GROUP == 0 for count in counts.values()), counts
     for step, values in run.steps.items():
-        assert values["dynamic_filtering_pass_rate"] > 0, step
+        assert 0 < values["d3s/filter_pass_frac"] <= 1, step
         assert values["d3s/zero_var_groups"] == 0, step  # the filter's range drops the flat groups
-
-
-def test_dynamic_batching_on_two_nodes(toy_sft, run_pipeline, assert_clean_run, tmp_path):
-    """A Ray cluster of two nodes: two ZeRO-3 actor ranks with dynamic batching, two vLLM engines sharing the
-    groups."""
-    reward, _ = reward_file(tmp_path, "nodes")
-    dynamic = ["--train.dynamic_batch_enable", "--train.max_tokens_per_gpu", "48", "--rollout.max_tokens_per_gpu", "48"]
-    layout = ["--actor.num_nodes", "2", "--actor.num_gpus_per_node", "1", "--ref.num_nodes", "2"]
-    layout += ["--ref.num_gpus_per_node", "1", "--vllm.num_engines", "2"]
-    config = dataclasses.replace(
-        BASE, reward=reward, zero_stage=3, train_batch_size=16, extra=grpo(6) + SKIP + dynamic + layout
-    )
-    with (
-        open(tmp_path / "cluster.log", "w") as log,
-        # the actor's 2 GPUs and the engines' 2 take all 4 of the two nodes' GPUs: the run spans both nodes
-        Cluster(nodes=2, gpus_per_node=2, log=log) as cluster,
-    ):
-        # the driver joins the cluster in Ray's single-machine mode, as its nodes run (every address 127.0.0.1)
-        env = {"RAY_ADDRESS": cluster.gcs_address, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-        run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "nodes", config), name="nodes", env=env)
-    assert not cluster.leftovers, cluster.leftovers
-    assert_generation_run(run, assert_clean_run, steps=6)
-
-
-def test_resume_restores_the_position_and_the_history(toy_sft, run_pipeline, assert_clean_run, tmp_path):
-    """Steps 1-4 with a checkpoint at step 4, then the run resumed: steps 5-10 (the fixed steps, not a new
-    count), and its first batch already skips, which a fresh history (no candidates) could not."""
-    reward, _ = reward_file(tmp_path, "resume", mixed="0.0")  # every prompt's group flat: easy 1, others 0
-    checkpoint = ["--ckpt.save_steps", "4", "--ckpt.path", str(tmp_path / "checkpoints")]
-    skip = SKIP + ["--d3s.skip_base", "0.05"]
-    first = dataclasses.replace(BASE, reward=reward, extra=grpo(4) + skip + checkpoint)
-    run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "first", first), name="first")
-    assert_clean_run(run, range(1, 5))
-    resumed = dataclasses.replace(first, extra=grpo() + skip + checkpoint + ["--ckpt.load_enable"])
-    run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "resumed", resumed), name="resumed")
-    assert_clean_run(run, range(5, STEPS + 1))
-    # every prompt seen so far had a flat group: candidates, skipped with probability 1 - 0.05^c
-    assert run.steps[5]["d3s/skip_candidates"] >= 4 and run.steps[5]["d3s/skipped_prompts"] > 0, run.tail()
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
@@ -152,7 +113,8 @@ def test_a_run_resumes_from_its_best_checkpoint_with_the_history(
     toy_sft, run_pipeline, assert_clean_run, tmp_path, mode
 ):
     """No regular checkpoints (``--ckpt.save_steps -1``), an evaluation at step 4 whose best checkpoint is the one
-    the run resumes: its first batch, in the second pass, already skips, which a fresh history could not. Async: the
+    the run resumes: it trains the rest of the fixed steps (not a new count), and its first batch, in the second
+    pass, already skips, which a fresh history (no candidates) could not. Async: the
     evaluation at step 4 runs while the trainer takes batch 5, whose state the best checkpoint saves (upstream)."""
     reward, _ = reward_file(tmp_path, "best", mixed="0.0")  # every prompt's group flat: easy 1, others 0
     evaluation = ["--eval.dataset", toy_sft.task.heldout, "--eval.steps", "4", "--eval.n_samples_per_prompt", "2"]

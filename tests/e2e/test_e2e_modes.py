@@ -111,8 +111,10 @@ INTRA = dict(preset="d3s-i", sample_scope="intra", n_init=3, n_final=6, k_init=0
 DISTINCT_REWARD = """
 import torch
 
+GENERATOR = torch.Generator().manual_seed(0)
+
 def reward_func(queries, prompts, labels, **kwargs):
-    rewards = torch.rand(len(queries))
+    rewards = torch.rand(len(queries), generator=GENERATOR)
     return {"rewards": rewards, "scores": rewards, "extra_logs": {}}
 """
 
@@ -180,9 +182,10 @@ def test_dynamic_filtering_trains_the_fixed_steps(toy_sft, run_pipeline, assert_
     )
     run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "filtering", config), name="filtering")
     assert_clean_run(run, range(1, 4))
-    # the share (%) of the prompts generated whose group passed the filter (upstream's own is G times that)
-    pass_rates = [values["dynamic_filtering_pass_rate"] for values in run.steps.values()]
-    assert all(0 < rate <= 100 for rate in pass_rates) and min(pass_rates) < 100, f"nothing filtered: {pass_rates}"
+    # the share of the groups generated that passed the filter (upstream's dynamic_filtering_pass_rate is G times
+    # its percentage)
+    pass_fracs = [values["d3s/filter_pass_frac"] for values in run.steps.values()]
+    assert all(0 < frac <= 1 for frac in pass_fracs) and min(pass_fracs) < 1, f"nothing filtered: {pass_fracs}"
 
     schedule = D3SConfig.from_flags(fields).schedule_for(3)
     unit = kept_unit(config.train_batch_size, config.micro_batch_size, config.actor_gpus, False)
