@@ -53,7 +53,7 @@ def test_the_readme_set_up_commands_are_the_ones_ci_and_the_demo_run():
     assert "bash examples/cpu/setup_env.sh" in (ROOT / "tests" / "run.sh").read_text()  # the same environment
     assert demo == "bash examples/cpu/setup_env.sh && .venv/bin/python -m d3s_openrlhf.cli.demo --out demo_out"
     # the demo test runs the same entrypoint (d3s_openrlhf.cli.demo's main) on a task module
-    assert 'demo.main(["--out"' in (ROOT / "tests" / "benchmarks" / "test_benchmarks_learning.py").read_text()
+    assert 'demo.main(["--out"' in (ROOT / "tests" / "cli" / "test_cli_demo.py").read_text()
 
 
 def test_the_readme_is_a_landing_page():
