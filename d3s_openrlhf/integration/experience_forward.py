@@ -12,10 +12,9 @@ model up to its LM head and scores only the positions that predict action tokens
 
 The arithmetic is upstream's: the head's matmul in the parameters' dtype, the cast to fp32, the division by
 ``--rollout.temperature``, log-softmax and entropy in fp32; the results equal upstream's forward within float
-rounding (the matmul runs on fewer rows at a time). Actor and reference take the same path at the same step, so at
-equal weights their log-probs agree and the KL between them is 0, bit for bit where their blocks have the same
-sizes (always on a CPU; on a GPU the sizes follow each process's free memory, and a different matmul shape may
-round differently).
+rounding (the matmul runs on fewer rows at a time). Actor and reference take the same path at the same step and
+cut the same tokens into the same blocks (their sizes follow the shapes alone), so at equal weights their log-probs
+agree bit for bit and the KL between them is exactly 0.
 
 Where it applies: the experience maker asks for it, and ``training_forward.training_forward_blocker`` finds nothing
 against it (the same rule as the training forward's). Where it does not and the token scores need the entropy,
