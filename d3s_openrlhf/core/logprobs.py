@@ -43,7 +43,7 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from d3s_openrlhf.core.checks import is_int, is_real
+from d3s_openrlhf.core.checks import check_on_device, is_int, is_real
 
 # The byte budget of one block of logits and its temporaries. On a CPU: 110 positions per chunk at a 151,936
 # vocabulary, small enough that a 1k-token sequence holds well under its full logits, large enough that a chunk is
@@ -183,7 +183,8 @@ class _ChunkedLogProbs(torch.autograd.Function):
 
 
 def _check_inputs(hidden, weight, bias, targets, temperature, chunk_size, vocab_block) -> None:
-    """Raise ValueError naming the first argument of :func:`chunked_logprobs_entropy` that it cannot take."""
+    """Raise ValueError naming the first argument of :func:`chunked_logprobs_entropy` that it cannot take; the
+    targets' range on the device, without a host sync (:func:`check_on_device`)."""
     if not isinstance(hidden, torch.Tensor) or not hidden.is_floating_point() or hidden.dim() < 2:
         raise ValueError("hidden must be a floating-point tensor of shape (..., T, H)")
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
@@ -206,8 +207,8 @@ def _check_inputs(hidden, weight, bias, targets, temperature, chunk_size, vocab_
     for name, value in (("chunk_size", chunk_size), ("vocab_block", vocab_block)):
         if value is not None and (not is_int(value) or value < 1):
             raise ValueError(f"{name} must be an int >= 1 or None, got {value!r}")
-    if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= weight.shape[0]):
-        raise ValueError(f"targets must be token ids in [0, {weight.shape[0]})")
+    in_vocabulary = ((targets >= 0) & (targets < weight.shape[0])).all()
+    check_on_device(in_vocabulary, f"targets must be token ids in [0, {weight.shape[0]})")
 
 
 def chunked_logprobs_entropy(
