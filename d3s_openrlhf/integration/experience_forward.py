@@ -55,8 +55,10 @@ def chunked_logits_log_probs(
 
     Returns:
         Both (B, A) fp32 and 0 where ``action_mask`` is 0: the log-prob of each action token and the entropy of the
-        temperature-scaled policy at the position that predicts it.
+        temperature-scaled policy at the position that predicts it. A non-finite one raises FloatingPointError
+        naming its source (``training_forward.NonFiniteCheck``).
     """
+    # a non-finite result is refused before returning: the caller copies the results to the host next anyway
     log_probs, entropy, index, _ = action_log_probs_entropy(
         actor, sequences, action_mask, attention_mask, action_mask, packed_seq_lens, chunk_size, with_entropy
     )
