@@ -127,6 +127,12 @@ def final_hidden_states(actor: Actor, sequences, attention_mask, packed_seq_lens
     return recorder.hidden, output
 
 
+def scored_positions(token_mask, action_mask):
+    """``(rows, columns)``, (k,) each: the (B, A) positions of the tokens scored, ``token_mask`` within
+    ``action_mask``. The forward's one host sync, which it cannot do without: k sizes the head call."""
+    return (token_mask.bool() & action_mask.bool()).nonzero(as_tuple=True)
+
+
 def action_hidden(actor: Actor, hidden, sequences, attention_mask, rows, columns, width: int):
     """Final hidden states that predict the action tokens (rows, columns) of a (B, A) action grid, and those tokens.
 
@@ -282,7 +288,7 @@ def action_log_probs_entropy(
     Returns ``(log_probs, entropy, (rows, columns), output)``: both (k,) fp32 with gradients (``entropy`` None
     without ``with_entropy``), the (B, A) indices of the k tokens, and upstream's model output with empty logits."""
     hidden, output = final_hidden_states(actor, sequences, attention_mask, packed_seq_lens)
-    index = (token_mask.bool() & action_mask.bool()).nonzero(as_tuple=True)
+    index = scored_positions(token_mask, action_mask)
     states, targets = action_hidden(actor, hidden, sequences, attention_mask, *index, action_mask.shape[1])
     head = causal_lm(actor).get_output_embeddings()
     check = NonFiniteCheck() if non_finite is None else non_finite
