@@ -158,21 +158,23 @@ class NonFiniteCheck:
     head); :meth:`raise_if_any` reads them all with one copy, to be called where the host waits for the device
     anyway: after a training step (upstream's ends with a host read; an update made from a NaN then never leaves
     the actor, whose run stops before weights reach vLLM or a checkpoint), or as the experience forward's results
-    go to the host. The parameter count is one elementwise pass over the head, which the call's forward and
-    backward read several times (once per block)."""
+    go to the host. The head's check is one read of its parameters, which the call's forward and backward read
+    once per block."""
 
     def __init__(self, prevents: str = "no NaN reaches the loss") -> None:
         self.prevents = prevents  # what the refusal prevents, for the message: where its owner reads the counts
-        self._calls = []  # per head call: tokens scored, (3,) int64 on the device (bad tokens, bad hidden, bad params)
+        self._calls = []  # per head call: tokens scored, (3,) int64 on the device (bad tokens, bad hidden, bad head)
 
     def add(self, head: torch.nn.Linear, hidden, log_probs, entropy) -> None:
-        """Count the non-finite results of one head call ((k,) log-probs and entropy of hidden (k, H)), the bad
-        tokens whose hidden state is non-finite and the head's non-finite parameters: device ops only."""
+        """Count the non-finite results of one head call ((k,) log-probs and entropy of hidden (k, H)) and the bad
+        tokens whose hidden state is non-finite, and note whether the head holds a non-finite parameter: device
+        ops only, none with a temporary the size of the head or of the hidden states."""
         finite = torch.isfinite(log_probs) if entropy is None else torch.isfinite(log_probs) & torch.isfinite(entropy)
         bad = ~finite
-        hidden_bad = (~torch.isfinite(hidden)).any(dim=-1) & bad
-        head_bad = sum((~torch.isfinite(p)).sum() for p in (head.weight, head.bias) if p is not None)
-        self._calls.append((finite.numel(), torch.stack([bad.sum(), hidden_bad.sum(), head_bad])))
+        hidden_bad = _non_finite(*torch.aminmax(hidden, dim=-1)) & bad
+        params = [p for p in (head.weight, head.bias) if p is not None and p.numel()]
+        head_bad = torch.stack([_non_finite(*torch.aminmax(p)) for p in params]).any()
+        self._calls.append((finite.numel(), torch.stack([bad.sum(), hidden_bad.sum(), head_bad.long()])))
 
     def raise_if_any(self) -> None:
         """Raise FloatingPointError for the first head call since the last check with a non-finite result."""
@@ -185,6 +187,12 @@ class NonFiniteCheck:
                 raise FloatingPointError(_non_finite_message(bad, total, hidden_bad, head_bad, self.prevents))
 
 
+def _non_finite(minimum, maximum):
+    """Where a tensor reduced to its ``aminmax`` holds a non-finite value: NaN propagates through min and max, an
+    infinity is one of them (one read of the tensor, no temporary of its size)."""
+    return ~(torch.isfinite(minimum) & torch.isfinite(maximum))
+
+
 def _non_finite_message(bad: int, total: int, hidden_bad: int, head_bad: int, prevents: str) -> str:
     if hidden_bad:
         source = (
@@ -192,7 +200,7 @@ def _non_finite_message(bad: int, total: int, hidden_bad: int, head_bad: int, pr
             "head (upstream's computation) produced them, and upstream's forward gives the same NaN"
         )
     elif head_bad:
-        source = f"the LM head's parameters hold {head_bad} non-finite values: upstream's forward gives the same NaN"
+        source = "the LM head's parameters hold non-finite values: upstream's forward gives the same NaN"
     else:
         source = "their hidden states and the LM head are finite: the chunked kernel (core.logprobs) produced them"
     return (
