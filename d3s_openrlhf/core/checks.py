@@ -1,11 +1,14 @@
 """What the core's validation shares: type checks (Python's bool is an int, which no option here accepts as a
-number) and the form of an invalid option (:class:`Problem`, raised together in :class:`InvalidOptions`), whose
-parameter and requirement are fields, so that no caller reads them back out of the message."""
+number), the form of an invalid option (:class:`Problem`, raised together in :class:`InvalidOptions`), whose
+parameter and requirement are fields, so that no caller reads them back out of the message, and checks of tensor
+contents that never make the host wait for an accelerator (:func:`check_on_device`)."""
 
 from __future__ import annotations
 
 import numbers
 from typing import NamedTuple, Sequence
+
+import torch
 
 
 def is_int(value) -> bool:
@@ -25,6 +28,21 @@ def require_int(name: str, value, minimum: int) -> int:
 def is_real(value) -> bool:
     """A real number that is neither a bool nor NaN."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and value == value
+
+
+def check_on_device(condition: torch.Tensor, message: str) -> None:
+    """Refuse data whose 0-d bool ``condition`` is False, without making the host wait for the device.
+
+    On a CPU, ValueError(``message``) at once (the value is on the host already). On an accelerator, an asynchronous
+    device-side assertion (``torch._assert_async``): reading the value would stall the host at every call, where the
+    assertion stops the process at the failing kernel (CUDA reports it at the next synchronisation, with
+    ``message`` where the backend prints it). For invariants whose failure is a bug upstream of the check (token ids
+    outside the vocabulary, misaligned rows): a run with such data cannot go on, and on an accelerator the kernels
+    reading it would assert or read out of bounds anyway."""
+    if condition.device.type != "cpu":
+        torch._assert_async(condition, message)
+    elif not bool(condition):
+        raise ValueError(message)
 
 
 class Problem(NamedTuple):

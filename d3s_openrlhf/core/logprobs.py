@@ -23,11 +23,16 @@ block of the weight gradient is one matmul over all positions, written once (no 
 weight), and the hidden-state gradient is summed over the vocabulary blocks in fp32 (each block's product in the
 inputs' dtype; (N, H), V/H times smaller than the logits).
 
-Sizes: both blocks come from a byte budget (:func:`chunk_budget_bytes`: 256 MiB on a CPU, a quarter of the free
-memory on a GPU: thousands of rows at a 151,936 vocabulary) and cover at most a quarter of the positions (of the
-vocabulary), so that a block and its temporaries (at most 4 fp32 copies: one copy of the full logits) stay below
-what upstream holds in any forward: its fp32 logits and, at the cast, their copy in the head's dtype (1.5 copies
-without gradient; about 2.5 at the peak of a training step with flash-attn's Triton cross-entropy, its fastest).
+Sizes: both blocks are a function of the shapes and the device type alone (:func:`chunk_budget_bytes`: a fixed byte
+budget, 256 MiB on a CPU and 1 GiB on a GPU, never the free memory), so that two processes scoring the same tokens
+(the actor's and the reference's forwards, two runs) cut them into the same matmuls and agree bit for bit: at equal
+weights the KL is exactly 0 and the entropies (hence the token mask) do not move in their last bits. A block and its
+temporaries (at most 4 fp32 copies) stay within the budget and cover at most a quarter of the positions (of the
+vocabulary): at a 151,936 vocabulary a forward block is 441 positions on a GPU (110 on a CPU), and its temporaries
+at most 1 GiB whatever the length, where upstream's full fp32 logits of 4,096 tokens take 2.5 GB; shorter inputs,
+through the quarter cap, hold at most one copy of their full logits. Either way they stay below what upstream holds
+in any forward: its fp32 logits and, at the cast, their copy in the head's dtype (1.5 copies without gradient; about
+2.5 at the peak of a training step with flash-attn's Triton cross-entropy, its fastest).
 """
 
 from __future__ import annotations
@@ -38,24 +43,21 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from d3s_openrlhf.core.checks import is_int, is_real
+from d3s_openrlhf.core.checks import check_on_device, is_int, is_real
 
-# The chunk budget on a CPU and the floor on a GPU: 110 positions per chunk at a 151,936 vocabulary. Small enough
-# that a 1k-token sequence holds well under its full logits, large enough that a chunk is one efficient matmul.
+# The byte budget of one block of logits and its temporaries. On a CPU: 110 positions per chunk at a 151,936
+# vocabulary, small enough that a 1k-token sequence holds well under its full logits, large enough that a chunk is
+# one efficient matmul. On a GPU 4 times that (441 positions; a 4k-token micro-batch's backward in 10 vocabulary
+# blocks), where smaller blocks would pay the hidden-state gradient's fp32 accumulation once more per block.
 DEFAULT_CHUNK_BUDGET_BYTES = 1 << 28
-# On a GPU: this share of the memory free to torch's allocator (free on the device plus cached but unused).
-CUDA_FREE_MEMORY_SHARE = 0.25
+CUDA_CHUNK_BUDGET_BYTES = 1 << 30
 _TEMPORARIES_PER_CHUNK = 4  # fp32 (chunk, V) tensors alive at once: logits, softmax or probabilities, product, cast
 
 
 def chunk_budget_bytes(device) -> int:
-    """Bytes one block of logits and its temporaries may take on ``device`` (see the module docstring)."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        return DEFAULT_CHUNK_BUDGET_BYTES
-    free, _ = torch.cuda.mem_get_info(device)
-    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    return max(DEFAULT_CHUNK_BUDGET_BYTES, int((free + cached) * CUDA_FREE_MEMORY_SHARE))
+    """Bytes one block of logits and its temporaries may take on ``device``: fixed per device type (see the module
+    docstring), so that the blocks follow the shapes alone."""
+    return CUDA_CHUNK_BUDGET_BYTES if torch.device(device).type == "cuda" else DEFAULT_CHUNK_BUDGET_BYTES
 
 
 def default_chunk_size(vocab_size: int, budget_bytes: int = DEFAULT_CHUNK_BUDGET_BYTES) -> int:
@@ -181,7 +183,8 @@ class _ChunkedLogProbs(torch.autograd.Function):
 
 
 def _check_inputs(hidden, weight, bias, targets, temperature, chunk_size, vocab_block) -> None:
-    """Raise ValueError naming the first argument of :func:`chunked_logprobs_entropy` that it cannot take."""
+    """Raise ValueError naming the first argument of :func:`chunked_logprobs_entropy` that it cannot take; the
+    targets' range on the device, without a host sync (:func:`check_on_device`)."""
     if not isinstance(hidden, torch.Tensor) or not hidden.is_floating_point() or hidden.dim() < 2:
         raise ValueError("hidden must be a floating-point tensor of shape (..., T, H)")
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
@@ -204,8 +207,8 @@ def _check_inputs(hidden, weight, bias, targets, temperature, chunk_size, vocab_
     for name, value in (("chunk_size", chunk_size), ("vocab_block", vocab_block)):
         if value is not None and (not is_int(value) or value < 1):
             raise ValueError(f"{name} must be an int >= 1 or None, got {value!r}")
-    if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= weight.shape[0]):
-        raise ValueError(f"targets must be token ids in [0, {weight.shape[0]})")
+    in_vocabulary = ((targets >= 0) & (targets < weight.shape[0])).all()
+    check_on_device(in_vocabulary, f"targets must be token ids in [0, {weight.shape[0]})")
 
 
 def chunked_logprobs_entropy(
@@ -228,8 +231,8 @@ def chunked_logprobs_entropy(
         targets: token ids (..., T) in [0, V): the token each position predicts.
         bias: optional (V,) output bias (models whose lm_head has one).
         temperature: positive float; the logits are divided by it after the fp32 cast, as upstream does.
-        chunk_size: positions per chunk of the forward; None: from :func:`chunk_budget_bytes` of the device, at
-            most a quarter of the positions.
+        chunk_size: positions per chunk of the forward; None: from :func:`chunk_budget_bytes` of the device type,
+            at most a quarter of the positions.
         vocab_block: vocabulary columns per block of the backward; None: from the same budget, at most a quarter
             of the vocabulary.
         with_entropy: compute the entropy too; without it the kernel does the log-prob work alone (no entropy

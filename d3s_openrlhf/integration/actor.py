@@ -44,7 +44,7 @@ from d3s_openrlhf.integration.lora_sync import MergedLoRASync
 from d3s_openrlhf.integration.loss import PG_NORM_ATTR, D3SPolicyLoss, pg_mask_from_rows, with_pg_window_norms
 from d3s_openrlhf.integration.replay_buffer import D3SReplayBuffer
 from d3s_openrlhf.integration.seams import swapped_globals
-from d3s_openrlhf.integration.training_forward import training_forward, training_forward_blocker
+from d3s_openrlhf.integration.training_forward import NonFiniteCheck, training_forward, training_forward_blocker
 
 # ---------------------------------------------------------------------------------------------------------------
 # the trainer
@@ -116,17 +116,22 @@ class D3SActorPPOTrainer(MergedLoRASync, ppo_actor.ActorPPOTrainer):
         kept_only = pg_mask is not None and reason is None
         where = "the kept tokens only" if kept_only else f"every action token ({reason or 'no token selection'})"
         self._say_once(f"[d3s] training forward with chunked logits: log-probs at {where}")
+        non_finite = NonFiniteCheck(prevents="no update made from them leaves the actor")
         # an instance attribute shadows Actor.forward for nn.Module.__call__ (the DeepSpeed engine is inside)
         self.actor.forward = functools.partial(
             training_forward,
             self.actor,
             log_prob_mask=pg_mask if kept_only else None,
             fill_log_probs=experience.action_log_probs if kept_only else None,
+            non_finite=non_finite,
         )
         try:
             yield
         finally:
             del self.actor.forward
+        # upstream's step ends reading its token count on the host, after its backward and update: refusing a
+        # non-finite log-prob here costs no wait, and stops the run before an update made from it leaves the actor
+        non_finite.raise_if_any()
 
 
 # ---------------------------------------------------------------------------------------------------------------

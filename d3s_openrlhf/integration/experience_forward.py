@@ -12,10 +12,9 @@ model up to its LM head and scores only the positions that predict action tokens
 
 The arithmetic is upstream's: the head's matmul in the parameters' dtype, the cast to fp32, the division by
 ``--rollout.temperature``, log-softmax and entropy in fp32; the results equal upstream's forward within float
-rounding (the matmul runs on fewer rows at a time). Actor and reference take the same path at the same step, so at
-equal weights their log-probs agree and the KL between them is 0, bit for bit where their blocks have the same
-sizes (always on a CPU; on a GPU the sizes follow each process's free memory, and a different matmul shape may
-round differently).
+rounding (the matmul runs on fewer rows at a time). Actor and reference take the same path at the same step and
+cut the same tokens into the same blocks (their sizes follow the shapes alone), so at equal weights their log-probs
+agree bit for bit and the KL between them is exactly 0.
 
 Where it applies: the experience maker asks for it, and ``training_forward.training_forward_blocker`` finds nothing
 against it (the same rule as the training forward's). Where it does not and the token scores need the entropy,
@@ -56,8 +55,10 @@ def chunked_logits_log_probs(
 
     Returns:
         Both (B, A) fp32 and 0 where ``action_mask`` is 0: the log-prob of each action token and the entropy of the
-        temperature-scaled policy at the position that predicts it.
+        temperature-scaled policy at the position that predicts it. A non-finite one raises FloatingPointError
+        naming its source (``training_forward.NonFiniteCheck``).
     """
+    # a non-finite result is refused before returning: the caller copies the results to the host next anyway
     log_probs, entropy, index, _ = action_log_probs_entropy(
         actor, sequences, action_mask, attention_mask, action_mask, packed_seq_lens, chunk_size, with_entropy
     )

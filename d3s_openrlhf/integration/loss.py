@@ -39,7 +39,9 @@ import torch
 import torch.distributed as dist
 from openrlhf.models import PolicyLoss
 from openrlhf.utils.loss_utils import _get_dp_group, _optimizer_step_loss_norm
+from torch.nn.utils.rnn import pad_sequence
 
+from d3s_openrlhf.core.checks import check_on_device
 from d3s_openrlhf.integration.host import PG_MASK_KEY
 
 PG_NORM_ATTR = "d3s_pg_loss_norm"
@@ -57,20 +59,25 @@ def pg_mask_from_rows(rows: Union[Sequence[torch.Tensor], torch.Tensor], action_
 
     Each row is aligned with its sample's action-mask row from the left (OpenRLHF right-pads responses and trims
     only trailing padding), but may be wider or narrower than ``action_mask``'s width A: it is cut or padded with
-    False to A. The result is ANDed with ``action_mask``.
+    False to A. The result is ANDed with ``action_mask``. A row that keeps a token beyond A is refused without a
+    host sync (``core.checks.check_on_device``): the rows are on the GPU at every training micro-batch.
     """
     if len(rows) != action_mask.shape[0]:
         raise ValueError(f"{len(rows)} pg-mask rows for a micro-batch of {action_mask.shape[0]} samples")
     width = action_mask.shape[1]
     mask = torch.zeros(action_mask.shape, dtype=torch.bool, device=action_mask.device)
-    for i, row in enumerate(rows):
-        row = row.reshape(-1)
-        if row.shape[0] > width and bool(row[width:].any()):
-            raise ValueError(
-                f"pg-mask row {i} keeps tokens beyond the response width {width}: it is not aligned with action_mask"
-            )
-        n = min(width, row.shape[0])
-        mask[i, :n] = row[:n].to(device=mask.device, dtype=torch.bool)
+    if not len(rows):
+        return mask
+    # (B, L), False past each row's end
+    grid = rows if isinstance(rows, torch.Tensor) else pad_sequence([r.reshape(-1).bool() for r in rows], True)
+    grid = grid.reshape(len(rows), -1).to(device=mask.device, dtype=torch.bool)
+    if grid.shape[1] > width:
+        aligned = ~grid[:, width:].any()
+        check_on_device(
+            aligned, f"a pg-mask row keeps tokens beyond the response width {width}: it is not aligned with action_mask"
+        )
+    n = min(width, grid.shape[1])
+    mask[:, :n] = grid[:, :n]
     return mask & action_mask.bool()
 
 

@@ -24,11 +24,14 @@ class D3SReplayBuffer(NaiveReplayBuffer):
     def setup_dynamic_batch(self, strategy):
         super().setup_dynamic_batch(strategy)
         # group upstream's micro-batches into its optimizer steps (the last micro-batch of a step is flagged 1)
+        # every item's kept tokens with one read (the items may be on the GPU: no host sync per sample)
+        kept_tokens = (
+            torch.stack([experience_pg_mask(item).sum() for item in self.items]).tolist() if self.items else []
+        )
         counts, micro_batches_per_step, tokens, seqs, n_micro = [], [], 0, 0, 0
         for indices, is_last in zip(self.dynamic_indices, self.dynamic_optimizer_step):
             for idx in indices:
-                item = self.items[idx]
-                kept = experience_pg_mask(item).sum().item()
+                kept = kept_tokens[idx]
                 tokens += kept
                 seqs += int(kept > 0)
             n_micro += 1

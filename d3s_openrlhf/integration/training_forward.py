@@ -127,6 +127,12 @@ def final_hidden_states(actor: Actor, sequences, attention_mask, packed_seq_lens
     return recorder.hidden, output
 
 
+def scored_positions(token_mask, action_mask):
+    """``(rows, columns)``, (k,) each: the (B, A) positions of the tokens scored, ``token_mask`` within
+    ``action_mask``. The forward's one host sync, which it cannot do without: k sizes the head call."""
+    return (token_mask.bool() & action_mask.bool()).nonzero(as_tuple=True)
+
+
 def action_hidden(actor: Actor, hidden, sequences, attention_mask, rows, columns, width: int):
     """Final hidden states that predict the action tokens (rows, columns) of a (B, A) action grid, and those tokens.
 
@@ -143,27 +149,62 @@ def action_hidden(actor: Actor, hidden, sequences, attention_mask, rows, columns
     return hidden[0, packed_index[rows * seqlen + positions]], targets
 
 
-def _refuse_non_finite(head: torch.nn.Linear, hidden, log_probs, entropy) -> None:
-    """Raise FloatingPointError where a log-prob or entropy is not finite, saying where the non-finite value comes
-    from: the model's forward up to the head (upstream's computation), the head's parameters, or the kernel."""
-    finite = torch.isfinite(log_probs) if entropy is None else torch.isfinite(log_probs) & torch.isfinite(entropy)
-    if bool(finite.all()):
-        return
-    bad = int((~finite).sum())
-    hidden_bad = int((~torch.isfinite(hidden[~finite])).any(dim=-1).sum())
-    head_bad = sum(int((~torch.isfinite(p)).sum()) for p in (head.weight, head.bias) if p is not None)
+class NonFiniteCheck:
+    """Refuses non-finite log-probs or entropies of the head calls (FloatingPointError naming their source: the
+    model's forward up to its LM head, upstream's computation; the head's parameters; or the chunked kernel)
+    without making the host wait for the device at every call.
+
+    Each head call adds its counts on the device (:meth:`add`, inside the call, where ZeRO-3 has gathered the
+    head); :meth:`raise_if_any` reads them all with one copy, to be called where the host waits for the device
+    anyway: after a training step (upstream's ends with a host read; an update made from a NaN then never leaves
+    the actor, whose run stops before weights reach vLLM or a checkpoint), or as the experience forward's results
+    go to the host. The head's check is one read of its parameters, which the call's forward and backward read
+    once per block."""
+
+    def __init__(self, prevents: str = "no NaN reaches the loss") -> None:
+        self.prevents = prevents  # what the refusal prevents, for the message: where its owner reads the counts
+        self._calls = []  # per head call: tokens scored, (3,) int64 on the device (bad tokens, bad hidden, bad head)
+
+    def add(self, head: torch.nn.Linear, hidden, log_probs, entropy) -> None:
+        """Count the non-finite results of one head call ((k,) log-probs and entropy of hidden (k, H)) and the bad
+        tokens whose hidden state is non-finite, and note whether the head holds a non-finite parameter: device
+        ops only, none with a temporary the size of the head or of the hidden states."""
+        finite = torch.isfinite(log_probs) if entropy is None else torch.isfinite(log_probs) & torch.isfinite(entropy)
+        bad = ~finite
+        hidden_bad = _non_finite(*torch.aminmax(hidden, dim=-1)) & bad
+        params = [p for p in (head.weight, head.bias) if p is not None and p.numel()]
+        head_bad = torch.stack([_non_finite(*torch.aminmax(p)) for p in params]).any()
+        self._calls.append((finite.numel(), torch.stack([bad.sum(), hidden_bad.sum(), head_bad.long()])))
+
+    def raise_if_any(self) -> None:
+        """Raise FloatingPointError for the first head call since the last check with a non-finite result."""
+        calls, self._calls = self._calls, []
+        if not calls:
+            return
+        counts = torch.stack([tally for _, tally in calls]).tolist()
+        for (total, _), (bad, hidden_bad, head_bad) in zip(calls, counts):
+            if bad:
+                raise FloatingPointError(_non_finite_message(bad, total, hidden_bad, head_bad, self.prevents))
+
+
+def _non_finite(minimum, maximum):
+    """Where a tensor reduced to its ``aminmax`` holds a non-finite value: NaN propagates through min and max, an
+    infinity is one of them (one read of the tensor, no temporary of its size)."""
+    return ~(torch.isfinite(minimum) & torch.isfinite(maximum))
+
+
+def _non_finite_message(bad: int, total: int, hidden_bad: int, head_bad: int, prevents: str) -> str:
     if hidden_bad:
         source = (
             f"the final hidden states are non-finite at {hidden_bad} of them: the model's own forward up to its LM "
             "head (upstream's computation) produced them, and upstream's forward gives the same NaN"
         )
     elif head_bad:
-        source = f"the LM head's parameters hold {head_bad} non-finite values: upstream's forward gives the same NaN"
+        source = "the LM head's parameters hold non-finite values: upstream's forward gives the same NaN"
     else:
         source = "their hidden states and the LM head are finite: the chunked kernel (core.logprobs) produced them"
-    raise FloatingPointError(
-        f"non-finite log-probs or entropy at {bad} of {finite.numel()} action tokens; {source}. Stopped here so "
-        "that no NaN reaches the loss"
+    return (
+        f"non-finite log-probs or entropy at {bad} of {total} action tokens; {source}. Stopped here so that {prevents}"
     )
 
 
@@ -172,13 +213,14 @@ def head_log_probs(
     hidden,
     targets,
     temperature: float,
+    non_finite: NonFiniteCheck,
     chunk_size: Optional[int] = None,
     with_entropy: bool = False,
 ):
     """``(log_probs, entropy)`` (k,) fp32 of ``targets`` under softmax(head(hidden) / temperature), from one call
     of the head module whose forward is the chunked kernel (hidden (k, H), targets (k,); ``chunk_size``: the
-    kernel's, None for its default); ``entropy`` is None without ``with_entropy``. A non-finite result raises
-    FloatingPointError naming its source (:func:`_refuse_non_finite`)."""
+    kernel's, None for its default); ``entropy`` is None without ``with_entropy``. Non-finite results are counted
+    into ``non_finite``, which its owner reads where the host waits anyway (:class:`NonFiniteCheck`)."""
 
     def chunked(states, ids):
         log_probs, entropy = chunked_logprobs_entropy(
@@ -190,7 +232,7 @@ def head_log_probs(
             chunk_size=chunk_size,
             with_entropy=with_entropy,
         )
-        _refuse_non_finite(head, states, log_probs, entropy)  # here, where ZeRO-3 has gathered the head
+        non_finite.add(head, states, log_probs, entropy)  # here, where ZeRO-3 has gathered the head
         return log_probs, entropy
 
     # an instance attribute shadows Linear.forward for nn.Module.__call__, which runs the head's hooks
@@ -245,17 +287,22 @@ def action_log_probs_entropy(
     packed_seq_lens=None,
     chunk_size=None,
     with_entropy: bool = False,
+    non_finite: Optional[NonFiniteCheck] = None,
 ):
     """Log-probs (and, ``with_entropy``, the entropy) of the ``token_mask`` tokens of a (B, A) action grid without
-    full logits.
+    full logits. Non-finite ones are counted into ``non_finite``, for its owner to refuse where the host waits
+    anyway (the trainer: after the step); None: refused here, before returning (one host sync).
 
     Returns ``(log_probs, entropy, (rows, columns), output)``: both (k,) fp32 with gradients (``entropy`` None
     without ``with_entropy``), the (B, A) indices of the k tokens, and upstream's model output with empty logits."""
     hidden, output = final_hidden_states(actor, sequences, attention_mask, packed_seq_lens)
-    index = (token_mask.bool() & action_mask.bool()).nonzero(as_tuple=True)
+    index = scored_positions(token_mask, action_mask)
     states, targets = action_hidden(actor, hidden, sequences, attention_mask, *index, action_mask.shape[1])
     head = causal_lm(actor).get_output_embeddings()
-    log_probs, entropy = head_log_probs(head, states, targets, actor.temperature, chunk_size, with_entropy)
+    check = NonFiniteCheck() if non_finite is None else non_finite
+    log_probs, entropy = head_log_probs(head, states, targets, actor.temperature, check, chunk_size, with_entropy)
+    if non_finite is None:
+        check.raise_if_any()
     _start_backward_with_the_engine(actor, output, tuple(t for t in (log_probs, entropy) if t is not None))
     return log_probs, entropy, index, output
 
@@ -272,6 +319,7 @@ def training_forward(
     ring_attn_group=None,
     packed_seq_lens=None,
     return_entropy: bool = False,
+    non_finite: Optional[NonFiniteCheck] = None,
 ):
     """Upstream's ``Actor.forward(sequences, action_mask, attention_mask, return_output=..., return_entropy=...)``
     for a training step, with chunked logits (see the module docstring).
@@ -285,6 +333,7 @@ def training_forward(
             normally the old ones, so that their ratio is exactly 1.
         return_entropy: set ``output.entropy`` (B, S - 1) as upstream's, the entropy (with its gradient) at the
             action positions and 0 elsewhere; only without ``log_prob_mask``. Without it no entropy is computed.
+        non_finite: as :func:`action_log_probs_entropy`'s (None: a non-finite log-prob is refused here).
 
     Returns:
         ``action_log_probs`` (B, A) fp32 (0 outside ``action_mask``), or ``(action_log_probs, output)`` with
@@ -299,7 +348,14 @@ def training_forward(
         )
     token_mask = action_mask if log_prob_mask is None else log_prob_mask
     log_probs, entropy, index, output = action_log_probs_entropy(
-        actor, sequences, action_mask, attention_mask, token_mask, packed_seq_lens, with_entropy=return_entropy
+        actor,
+        sequences,
+        action_mask,
+        attention_mask,
+        token_mask,
+        packed_seq_lens,
+        with_entropy=return_entropy,
+        non_finite=non_finite,
     )
     if log_prob_mask is None:
         fill = torch.zeros(action_mask.shape, dtype=log_probs.dtype, device=log_probs.device)

@@ -1,5 +1,6 @@
 """The core's shared checks (``d3s_openrlhf.core.checks``): int and real tests that refuse bools (and NaN), and
-invalid options carried as fields (parameter, value, requirement) as well as in the message."""
+invalid options carried as fields (parameter, value, requirement) as well as in the message, and checks of tensor
+contents that never make the host wait for an accelerator."""
 
 import fractions
 import pickle
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from d3s_openrlhf.core.checks import InvalidOptions, Problem, is_int, is_real
+from d3s_openrlhf.core.checks import InvalidOptions, Problem, check_on_device, is_int, is_real
 
 
 @pytest.mark.parametrize("value", [0, -3, 7, np.int64(4), np.int32(-1)])
@@ -46,3 +47,22 @@ def test_invalid_options_carry_every_problem_as_fields_and_one_line_each():
     assert str(error) == "invalid things:\n  a=1: must be 2\n  b='x': must be a number"
     copy = pickle.loads(pickle.dumps(error))  # as Ray sends it between processes
     assert type(copy) is InvalidOptions and copy.problems == error.problems and str(copy) == str(error)
+
+
+def test_a_check_on_the_cpu_refuses_at_once():
+    check_on_device(torch.tensor([1, 2]).lt(3).all(), "never raised")
+    with pytest.raises(ValueError, match="ids out of range"):
+        check_on_device(torch.tensor([1, 5]).lt(3).all(), "ids out of range")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_check_on_the_gpu_never_waits_for_it():
+    condition = torch.arange(1000, device="cuda").lt(1000).all()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        check_on_device(condition, "never raised")  # an asynchronous assertion: no copy to the host
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()

@@ -8,6 +8,7 @@ cross-entropy where it imports (every GPU install of OpenRLHF), else its torch f
 Skipped without CUDA. Needs no Ray and no vLLM."""
 
 import contextlib
+import functools
 
 import pytest
 import torch
@@ -16,8 +17,11 @@ from openrlhf.models import Actor
 from openrlhf.models.utils import log_probs_from_logits
 
 from d3s_openrlhf.core.logprobs import chunked_logprobs_entropy
+from d3s_openrlhf.integration import training_forward as forwards
 from d3s_openrlhf.integration.experience_forward import chunked_logits_log_probs
-from d3s_openrlhf.integration.training_forward import training_forward
+from d3s_openrlhf.integration.host import PG_MASK_KEY
+from d3s_openrlhf.integration.loss import pg_mask_from_rows
+from d3s_openrlhf.integration.training_forward import NonFiniteCheck, final_hidden_states, training_forward
 from upstream_logprobs import torch_fallback, triton_import_error  # benchmarks/ (tests/conftest.py puts it on sys.path)
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -118,3 +122,73 @@ def test_the_kernel_equals_upstreams_log_probs_from_logits(path, dtype, rows, hi
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-4)
     for grad, expected_grad in zip(grads, expected_grads):
         torch.testing.assert_close(grad, expected_grad, **TOL[dtype])
+
+
+@contextlib.contextmanager
+def sync_debug_mode(mode):
+    """CUDA's sync debug mode within the block ("error": a host sync raises), the previous one after it."""
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode(mode)
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+
+
+def allowed_to_sync(function):
+    """``function`` run with host syncs allowed, inside a block where they raise."""
+
+    @functools.wraps(function)
+    def run(*args, **kwargs):
+        with sync_debug_mode("default"):
+            return function(*args, **kwargs)
+
+    return run
+
+
+def upstreams_body(actor, *args, **kwargs):
+    """``final_hidden_states`` with syncs allowed, its hidden states cut from the graph: the body's forward and
+    backward are upstream's, whatever syncs they make."""
+    hidden, output = allowed_to_sync(final_hidden_states)(actor, *args, **kwargs)
+    return hidden.detach().requires_grad_(), output
+
+
+@DTYPES
+def test_a_training_micro_batch_syncs_only_to_size_its_head_call(model_dir, dtype, monkeypatch):
+    """Issue 50 item 3: from the pg-mask rows to the head weight's gradient, a training micro-batch makes no host
+    sync (CUDA's sync debug mode raises on any) but two that are not ours to remove: upstream's model up to its
+    head (its attention masks; its backward is left out), and the scored positions' count, which sizes the head
+    call. The mask rebuilt from ragged rows, the targets' range check, the non-finite counts, the chunked kernel's
+    forward and backward and the (B, A) grid all stay on the device; the counts are read after the block."""
+    actor = cuda_actor(model_dir, dtype, temperature=0.7)
+    e = make_experience(actor, seed=9, rows=5, pg="random")
+    wide = e.info[PG_MASK_KEY]
+    rows = [row[: wide.shape[1] - i % 3] for i, row in enumerate(wide)]  # rows as collated: ragged, on the GPU
+    monkeypatch.setattr(forwards, "final_hidden_states", upstreams_body)
+    monkeypatch.setattr(forwards, "scored_positions", allowed_to_sync(forwards.scored_positions))
+    head = actor.model.lm_head
+
+    def micro_batch():
+        pg_mask = pg_mask_from_rows(rows, e.action_mask)
+        check = NonFiniteCheck()
+        log_probs = training_forward(
+            actor,
+            e.sequences,
+            e.action_mask,
+            e.attention_mask,
+            log_prob_mask=pg_mask,
+            fill_log_probs=e.action_log_probs,
+            non_finite=check,
+        )
+        (grad,) = torch.autograd.grad((log_probs * e.advantages * pg_mask).sum(), head.weight)
+        return pg_mask, log_probs, grad, check
+
+    expected = micro_batch()  # first calls (cuBLAS handles, allocator) outside the strict block
+    torch.cuda.synchronize()
+    with sync_debug_mode("error"):
+        pg_mask, log_probs, grad, check = micro_batch()
+    check.raise_if_any()
+    torch.testing.assert_close(pg_mask, wide[:, : e.action_mask.shape[1]] & e.action_mask, rtol=0, atol=0)
+    torch.testing.assert_close(log_probs, expected[1])
+    torch.testing.assert_close(grad, expected[2])
+    assert grad.abs().sum() > 0

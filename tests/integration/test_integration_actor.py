@@ -391,6 +391,21 @@ def test_chunked_logits_flag_takes_the_forward_at_every_step(model_dir, cpu_cuda
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
 
 
+def test_a_non_finite_log_prob_stops_the_training_step_after_it(model_dir, cpu_cuda):
+    """Issue 50 item 3: the training step's forward no longer waits for its finite check; the trainer reads the
+    counts once the step is done (upstream's step ends with a host read) and refuses the step, naming the source."""
+    args = make_args()
+    args.d3s = D3SConfig(chunked_logits=True).to_dict()
+    actor = load_actor(model_dir, temperature=0.8)
+    experience = make_experience(actor, seed=6, pg=None)
+    trainer = make_trainer(D3SActorPPOTrainer, actor, MiniStrategy(args), cpu_cuda)
+    with torch.no_grad():
+        actor.model.lm_head.weight[7, 0] = float("nan")
+    message = "the LM head's parameters hold non-finite values.*no update made from them leaves the actor"
+    with pytest.raises(FloatingPointError, match=message):
+        trainer.training_step(as_training_batch(experience), 0.3, 0)
+
+
 def test_training_forward_validates_its_masks(model_dir, cpu_cuda):
     from d3s_openrlhf.integration.training_forward import training_forward
 
@@ -765,7 +780,7 @@ def test_policy_forward_gives_log_probs_with_chunked_logits_when_asked(model_dir
     "source, message",
     [
         ("body", "the final hidden states are non-finite at {count} of them: the model's own forward"),
-        ("head", "the LM head's parameters hold 1 non-finite values"),
+        ("head", "the LM head's parameters hold non-finite values"),
         ("kernel", "their hidden states and the LM head are finite: the chunked kernel (core.logprobs)"),
     ],
 )
@@ -775,7 +790,8 @@ def test_a_non_finite_log_prob_is_refused_naming_where_it_comes_from(
 ):
     """Issue 30 item 5: whatever produced it, a NaN stops the chunked-logits forward (experience and training) with a
     message that says whether upstream's own computation (the model up to its head, or the head's weight) made it;
-    the loss never sees it."""
+    the loss never sees it. Issue 50 item 3: the training step's check reads the counts where the host waits anyway
+    (after the step), and says so."""
     from d3s_openrlhf.integration import training_forward
     from d3s_openrlhf.integration.experience_forward import chunked_logits_log_probs
 
@@ -802,6 +818,13 @@ def test_a_non_finite_log_prob_is_refused_naming_where_it_comes_from(
         chunked_logits_log_probs(actor, e.sequences, e.action_mask, e.attention_mask, with_entropy=with_entropy)
     with pytest.raises(FloatingPointError, match="no NaN reaches the loss"):
         training_forward.training_forward(actor, e.sequences, e.action_mask, e.attention_mask)
+    # the trainer's forward waits for no check: the counts stay on the device until it reads them after the step
+    check = training_forward.NonFiniteCheck(prevents="no update made from them leaves the actor")
+    log_probs = training_forward.training_forward(actor, e.sequences, e.action_mask, e.attention_mask, non_finite=check)
+    assert log_probs.shape == e.action_mask.shape
+    with pytest.raises(FloatingPointError, match=re.escape(expected) + ".*no update made from them leaves the actor"):
+        check.raise_if_any()
+    check.raise_if_any()  # read once: nothing left
 
 
 def bare_reference_actor(actor, args):

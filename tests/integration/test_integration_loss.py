@@ -297,6 +297,48 @@ def test_pg_mask_rows_are_cut_or_padded_to_the_action_mask_width_and_anded_with_
         pg_mask_from_rows(rows[:2], action_mask)
 
 
+def per_row_pg_mask(rows, action_mask):
+    """The per-row reference (``pg_mask_from_rows`` before issue 50: one host read per row)."""
+    width = action_mask.shape[1]
+    mask = torch.zeros(action_mask.shape, dtype=torch.bool)
+    for i, row in enumerate(rows):
+        row = row.reshape(-1)
+        if row.shape[0] > width and bool(row[width:].any()):
+            raise ValueError(f"pg-mask row {i} keeps tokens beyond the response width {width}")
+        n = min(width, row.shape[0])
+        mask[i, :n] = row[:n].bool()
+    return mask & action_mask.bool()
+
+
+@pytest.mark.parametrize("batch", [0, 1, 3, 7])
+@pytest.mark.parametrize("width", [0, 1, 5, 13])
+@pytest.mark.parametrize("as_tensor", [False, True], ids=["list", "tensor"])
+@pytest.mark.parametrize("seed", range(4))
+def test_pg_mask_rows_equal_the_per_row_reference(batch, width, as_tensor, seed):
+    """Rows of every length around the width (as a list of 1-D rows, or one (B, L) tensor; bool or 0/1 ints), empty
+    batches and responses: the vectorised rebuild equals the per-row one, refusals included."""
+    g = torch.Generator().manual_seed(seed * 100 + batch * 10 + width)
+    action_mask = torch.rand(batch, width, generator=g) < 0.8
+    if as_tensor:
+        length = int(torch.randint(0, width + 3, (), generator=g))
+        rows = torch.rand(batch, length, generator=g) < 0.5
+        rows[:, width:] &= seed == 3  # beyond the width: kept tokens only in the refused cases
+    else:
+        lengths = torch.randint(0, width + 3, (batch,), generator=g).tolist()
+        rows = [
+            (torch.rand(n, generator=g) < 0.5).to(torch.bool if i % 2 else torch.int64) for i, n in enumerate(lengths)
+        ]
+        rows = [row if seed == 3 else torch.cat([row[:width], torch.zeros_like(row[width:])]) for row in rows]
+    try:
+        expected = per_row_pg_mask(rows, action_mask)
+    except ValueError:
+        with pytest.raises(ValueError, match=f"beyond the response width {width}"):
+            pg_mask_from_rows(rows, action_mask)
+        return
+    got = pg_mask_from_rows(rows, action_mask)
+    assert got.dtype == torch.bool and torch.equal(got, expected)
+
+
 def micro_batch(seed, rows=2, width=5, with_mask=True, extra=2):
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(1, width + 1, (rows,), generator=g)
