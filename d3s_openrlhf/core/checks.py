@@ -35,12 +35,13 @@ def check_on_device(condition: torch.Tensor, message: str) -> None:
 
     On a CPU, ValueError(``message``) at once (the value is on the host already). On an accelerator, an asynchronous
     device-side assertion (``torch._assert_async``): reading the value would stall the host at every call, where the
-    assertion stops the process at the failing kernel (CUDA reports it at the next synchronisation, with
-    ``message`` where the backend prints it). For invariants whose failure is a bug upstream of the check (token ids
+    assertion stops the process at the failing kernel (CUDA reports a device-side assert at the next
+    synchronisation; the message overload of ``_assert_async`` is CPU-only in some builds, so the message is the
+    CPU's alone). For invariants whose failure is a bug upstream of the check (token ids
     outside the vocabulary, misaligned rows): a run with such data cannot go on, and on an accelerator the kernels
     reading it would assert or read out of bounds anyway."""
     if condition.device.type != "cpu":
-        torch._assert_async(condition, message)
+        torch._assert_async(condition)
     elif not bool(condition):
         raise ValueError(message)
 
