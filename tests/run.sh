@@ -3,8 +3,13 @@
 # idempotent) and runs the whole suite: the pure core, the OpenRLHF integration, the examples and the
 # end-to-end runs of the real Ray pipeline, after the linter (ruff.toml). Extra arguments go to pytest (e.g.
 # `-m "not e2e"`). On a GPU machine (no Ray or vLLM needed), `pytest -m cuda tests/core tests/cuda` runs the CUDA
-# tests, which this CPU suite collects and skips. It ends with its wall time (environment, linter and pytest):
-# CI stops it at 90 minutes, and the suite is kept within 40 on the 2-core VM (a slow day takes half again).
+# tests, which this CPU suite collects and skips. It ends with its wall time (environment, linter and pytest) and
+# the suite's counts: CI stops it at 90 minutes, and it is kept within 40 on the 2-core VM (a slow day takes half
+# again).
+#
+# Without arguments the suite runs as two pytest processes: the end-to-end runs (-m e2e) in front, and the rest
+# beside them at the lowest CPU priority (nice 19, below the runs' Ray workers), on the fifth of the cores the
+# runs leave idle while their processes start; its output follows theirs.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -13,8 +18,39 @@ PY="${D3S_VENV:-$ROOT/.venv}/bin/python"
 LINTED=(setup.py d3s_openrlhf tests benchmarks)  # every tracked .py; ruff format fixes what --check finds
 "$PY" -m ruff check "${LINTED[@]}"
 "$PY" -m ruff format --check "${LINTED[@]}"
+
 pytest_start=$SECONDS
+elapsed() { echo "$(($1 / 60)) min $(($1 % 60)) s"; }
 rc=0
-"$PY" -m pytest -ra "$@" || rc=$?
-echo "[tests/run.sh] wall time $((SECONDS / 60)) min $((SECONDS % 60)) s (pytest $(((SECONDS - pytest_start) / 60)) min $(((SECONDS - pytest_start) % 60)) s), exit $rc"
+if (($#)); then
+    "$PY" -m pytest -ra "$@" || rc=$?
+    echo "[tests/run.sh] wall time $(elapsed "$SECONDS") (pytest $(elapsed $((SECONDS - pytest_start)))), exit $rc"
+    exit "$rc"
+fi
+
+logs="$(mktemp -d)"
+trap 'rm -rf "$logs"' EXIT
+nice -n 19 "$PY" -m pytest -ra -m "not e2e" >"$logs/rest.log" 2>&1 &
+rest=$!
+"$PY" -m pytest -ra -m e2e 2>&1 | tee "$logs/e2e.log" || rc=$?
+e2e_s=$((SECONDS - pytest_start))
+rest_rc=0
+wait "$rest" || rest_rc=$?
+echo
+echo "[tests/run.sh] the tests other than e2e, run beside them (exit $rest_rc):"
+cat "$logs/rest.log"
+((rc)) || rc=$rest_rc
+echo "[tests/run.sh] wall time $(elapsed "$SECONDS") (pytest $(elapsed $((SECONDS - pytest_start))), the e2e runs $(elapsed "$e2e_s")), exit $rc"
+# both processes' counts, as one closing line
+"$PY" - "$logs/e2e.log" "$logs/rest.log" <<'EOF'
+import re
+import sys
+
+counts = {"passed": 0, "failed": 0, "skipped": 0, "errors": 0}
+for path in sys.argv[1:]:
+    lines = [line for line in open(path, errors="replace") if re.match(r"=+ .* in [0-9.]+s", line)]
+    for number, word in re.findall(r"(\d+) (passed|failed|skipped|errors?)", lines[-1] if lines else ""):
+        counts["errors" if word.startswith("error") else word] += int(number)
+print(f"{counts['passed']} passed, {counts['failed'] + counts['errors']} failed, {counts['skipped']} skipped")
+EOF
 exit "$rc"

@@ -100,7 +100,7 @@ def _recording_actor_class():
 @pytest.fixture(scope="module")
 def groups():
     """Policy group (2 data-parallel ranks) and one auxiliary actor serving as reference and reward model."""
-    ray.init(num_cpus=3, num_gpus=3, include_dashboard=False, object_store_memory=150 * 1024**2)
+    ray.init(address="local", num_cpus=3, num_gpus=3, include_dashboard=False, object_store_memory=150 * 1024**2)
     actor_class = _recording_actor_class()
     policy = RayActorGroup(1, 2, actor_class)
     aux = RayActorGroup(1, 1, actor_class)

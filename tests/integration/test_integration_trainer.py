@@ -42,7 +42,7 @@ def run_files(tmp_path_factory):
     ).save_pretrained(root / "tokenizer")
     prompts = root / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"input": f"w{i} w{i + 1}"}) + "\n" for i in range(10)))
-    ray.init(num_cpus=8, include_dashboard=False, object_store_memory=150 * 1024**2)
+    ray.init(address="local", num_cpus=8, include_dashboard=False, object_store_memory=150 * 1024**2)
     yield str(root / "tokenizer"), str(prompts)
     ray.shutdown()
 
