@@ -5,12 +5,13 @@ Every flag of ``openrlhf.cli.train_ppo_ray`` is accepted unchanged; the ``--d3s.
 and ``train()`` run as shipped (through ``runpy``).
 
 * D3S off (no flags, ``--d3s.preset grpo``, or nothing selected at any point): upstream's module runs with the
-  remaining arguments and two changes only: the trainers' evaluation also logs the unbiased
-  ``eval/<datasource>/pass@k``, and under LoRA (``--ds.lora.rank > 0``) the policy actor's weight sync is the
-  merged one.
+  remaining arguments and three changes only: the trainers' evaluation also logs the unbiased
+  ``eval/<datasource>/pass@k``, under LoRA (``--ds.lora.rank > 0``) the policy actor's weight sync is the merged
+  one, and the driver's waits watch the engines and model actors (``integration/driver_watch.py``: a death ends
+  the run instead of hanging it).
 * D3S on: the configuration is validated against the host flags before anything else happens (so before
   ``ray.init`` and before any actor exists); then upstream's module runs with the D3S classes and the config
-  (``args.d3s``) swapped in for the duration of the run.
+  (``args.d3s``) swapped in for the duration of the run, and the same watch of the driver's waits.
 * ``--d3s.dry_run`` validates, prints the resolved configuration and the (N, K) and kept counts along the
   schedule, and exits without starting Ray.
 * ``--help`` prints upstream's help followed by the D3S flags.

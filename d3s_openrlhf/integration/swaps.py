@@ -9,6 +9,8 @@ duration of upstream's ``__main__`` (``seams.swapped_globals``). :func:`swaps_fo
 * D3S off (:func:`pass_at_k_swaps`): the trainers whose evaluation adds the unbiased ``eval/<ds>/pass@k``
   (``eval_metrics``), for the comparison with a D3S run; under LoRA also :func:`lora_swaps`, the policy actor with
   the merged LoRA weight sync (``lora_sync``: upstream's cannot send adapters to vLLM).
+* Both (:func:`liveness_swaps`, last): the driver's ``ray.get`` watches the engines and the model actors from their
+  creation on, so that a death at any point ends the run (``driver_watch``).
 """
 
 from __future__ import annotations
@@ -17,13 +19,16 @@ from typing import Mapping, Tuple
 
 import openrlhf.trainer.ppo_trainer as ppo_trainer
 import openrlhf.trainer.ppo_trainer_async as ppo_trainer_async
+import openrlhf.trainer.ray as trainer_ray
 import openrlhf.trainer.ray.launcher as launcher
 import openrlhf.trainer.ray.ppo_actor as ppo_actor
 import openrlhf.utils.config as host_config
+import ray
 
 from d3s_openrlhf.core.config import D3SConfig
 from d3s_openrlhf.integration import host
 from d3s_openrlhf.integration.actor import D3SPolicyModelActor, D3SReferenceModelActor
+from d3s_openrlhf.integration.driver_watch import DriverWatch
 from d3s_openrlhf.integration.eval_metrics import PassAtKPPOTrainer, PassAtKPPOTrainerAsync
 from d3s_openrlhf.integration.lora_sync import LoRASyncPolicyModelActor
 from d3s_openrlhf.integration.trainer import D3SPPOTrainer, D3SPPOTrainerAsync
@@ -63,9 +68,22 @@ def lora_swaps() -> Tuple[Swap, ...]:
     return ((ppo_actor, {"PolicyModelActor": LoRASyncPolicyModelActor}),)
 
 
+def liveness_swaps() -> Tuple[Swap, ...]:
+    """The swaps under which every wait of upstream's driver watches the engines and the model actors (a fresh
+    ``DriverWatch``: the actors of this run): ``ray.get`` itself (upstream's ``train()`` reads the ``ray`` module
+    from a namespace of its own), the engines' creation and the model-actor groups."""
+    watch = DriverWatch()
+    return (
+        (ray, {"get": watch.get}),
+        (trainer_ray, {"create_vllm_engines": watch.watching_engines(trainer_ray.create_vllm_engines)}),
+        (launcher, {"RayActorGroup": watch.actor_group}),
+    )
+
+
 def swaps_for_run(config: D3SConfig, lora: bool) -> Tuple[Swap, ...]:
     """The swaps of a run: the D3S classes when D3S is on; with D3S off the pass@k evaluation and, under LoRA
-    (``lora``), the merged LoRA weight sync (the D3S actor trainer has that sync built in)."""
+    (``lora``), the merged LoRA weight sync (the D3S actor trainer has that sync built in); the driver's watch in
+    both."""
     if config.enabled:
-        return d3s_swaps(config)
-    return pass_at_k_swaps() + (lora_swaps() if lora else ())
+        return d3s_swaps(config) + liveness_swaps()
+    return pass_at_k_swaps() + (lora_swaps() if lora else ()) + liveness_swaps()

@@ -43,6 +43,7 @@ from openrlhf.trainer.ppo_trainer_async import (
     TrainingActor,
 )
 
+from d3s_openrlhf.integration.driver_watch import TRAINING
 from d3s_openrlhf.integration.eval_metrics import PassAtKGenerateSamplesActorBase, PassAtKPPOTrainerBase
 from d3s_openrlhf.integration.experience_maker import D3SExperienceMaker
 from d3s_openrlhf.integration.host import config_from_args, rollout_steps, scaled_max_steps
@@ -142,7 +143,7 @@ class _D3SPPOTrainer(D3STrainerMixin, PassAtKPPOTrainerBase):
         # a dead engine fails generation's own waits, but not the weight sync's: the policy actors block sending to
         # it; every wait of upstream's loop watches the engines (integration/liveness.py)
         upstream = super().fit
-        with swapped_globals(upstream.__func__, ray=WatchingRay(engine_names(self.vllm_engines))):
+        with swapped_globals(upstream.__func__, ray=WatchingRay(engine_names(self.vllm_engines), TRAINING)):
             upstream(global_step)
 
 
@@ -198,7 +199,9 @@ class _D3SPPOTrainerAsync(PPOTrainerAsync.__ray_actor_class__):
         # engine (the weight sync to it) or a dead peer blocks the other, and upstream's ray.get on both for ever
         actors = {"the generator actor": self.generator_actor, "the training actor": self.trainer_actor}
         upstream = super().fit
-        with swapped_globals(upstream.__func__, ray=WatchingRay({**actors, **engine_names(self.d3s_vllm_engines)})):
+        with swapped_globals(
+            upstream.__func__, ray=WatchingRay({**actors, **engine_names(self.d3s_vllm_engines)}, TRAINING)
+        ):
             upstream()
 
 

@@ -15,6 +15,8 @@ import sys
 
 import openrlhf.trainer.ppo_trainer as ppo_trainer
 import openrlhf.trainer.ppo_trainer_async as ppo_trainer_async
+import openrlhf.trainer.ray as trainer_ray
+import openrlhf.trainer.ray.launcher as launcher
 import openrlhf.trainer.ray.ppo_actor as ppo_actor
 import openrlhf.utils.config as host_config
 import pytest
@@ -31,10 +33,25 @@ def _swappable_globals():
         "PPOTrainer": ppo_trainer.PPOTrainer,
         "PPOTrainerAsync": ppo_trainer_async.PPOTrainerAsync,
         "hierarchize": host_config.hierarchize,
+        "get": ray.get,
+        "create_vllm_engines": trainer_ray.create_vllm_engines,
+        "RayActorGroup": launcher.RayActorGroup,
     }
 
 
 UPSTREAM = _swappable_globals()
+
+
+def driver_watch(run):
+    """The globals of the driver's watch a run saw (D3S on and off), checked to be one ``DriverWatch``'s."""
+    from d3s_openrlhf.integration.driver_watch import DriverWatch
+
+    names = ("get", "create_vllm_engines", "RayActorGroup")
+    watch = {name: run["globals"][name] for name in names}
+    assert isinstance(watch["get"].__self__, DriverWatch) and watch["RayActorGroup"].__self__ is watch["get"].__self__
+    assert watch["create_vllm_engines"].__wrapped__ is UPSTREAM["create_vllm_engines"]
+    return watch
+
 
 HOST = [
     "--algo.advantage.estimator",
@@ -122,8 +139,9 @@ def test_d3s_off_runs_upstream_with_the_pass_at_k_evaluation_alone(upstream_runs
     run = upstream_runs[0]
     assert run["module"] == "openrlhf.cli.train_ppo_ray"
     assert run["argv"] == argv[2:]  # the --d3s.* flags are not passed on
-    # the trainers' evaluation adds the unbiased pass@k (the metric a D3S run logs); nothing else changes
-    assert run["globals"] == dict(UPSTREAM, **pass_at_k_trainers()) and run["d3s"] is None
+    # the trainers' evaluation adds the unbiased pass@k (the metric a D3S run logs), and the driver's waits watch the
+    # actors; nothing else changes
+    assert run["globals"] == dict(UPSTREAM, **pass_at_k_trainers(), **driver_watch(run)) and run["d3s"] is None
     assert _swappable_globals() == UPSTREAM  # for the run only
 
 
@@ -136,7 +154,8 @@ def test_lora_with_d3s_off_swaps_in_the_merged_weight_sync(upstream_runs):
         cli.main(argv)
     (run,) = upstream_runs
     assert run["argv"] == argv and run["d3s"] is None
-    assert run["globals"] == dict(UPSTREAM, PolicyModelActor=LoRASyncPolicyModelActor, **pass_at_k_trainers())
+    expected = dict(UPSTREAM, PolicyModelActor=LoRASyncPolicyModelActor, **pass_at_k_trainers(), **driver_watch(run))
+    assert run["globals"] == expected
     assert _swappable_globals() == UPSTREAM  # for the run only
 
 
@@ -163,6 +182,7 @@ def test_d3s_on_swaps_classes_and_injects_config_for_the_run_only(upstream_runs)
         "PPOTrainer": D3SPPOTrainer,
         "PPOTrainerAsync": D3SPPOTrainerAsync,
         "hierarchize": run["globals"]["hierarchize"],
+        **driver_watch(run),
     }
     assert run["globals"]["hierarchize"] is not UPSTREAM["hierarchize"]
     expected = D3SConfig.from_flags({"preset": "d3s", "n_final": 16})
