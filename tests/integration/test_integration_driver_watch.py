@@ -22,7 +22,7 @@ from d3s_openrlhf.integration.seams import swapped_globals
 
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=150 * 1024**2)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=150 * 1024**2)
     yield
     ray.shutdown()
 
