@@ -1,7 +1,8 @@
 """A dead actor ends the run instead of hanging it: real ``train_ppo_ray`` runs (CPU runtime) in which the vLLM
 engine or, in async mode, the generator actor is killed by SIGKILL (as an OOM kill does) once step 2 is logged.
 The run must exit non-zero well within 5 minutes, its last lines naming the dead actor and Ray's cause, leave no
-process behind but the killed actor's orphans, and the checkpoint it wrote before must resume.
+process behind but the killed actor's orphans, and the checkpoint it wrote before must resume, the schedule going on
+from the step resumed (the suite's checkpoint resume; the runs pack their samples).
 
 At start-up (sync and async), the engine is killed while vLLM loads (an OOM at load, the most common engine death
 on a GPU): policy rank 0 then waits in the weight-sync group's rendezvous and the driver on the models' loading,
@@ -80,8 +81,12 @@ class Killer:
 def test_a_dead_actor_ends_the_run_with_its_name_and_cause(
     mode, victim, toy_sft, run_pipeline, run_processes, assert_clean_run, tmp_path
 ):
+    # packed samples (--ds.packing_samples forces flash_attention_2: upstream's default attention, served by the CPU
+    # stand-in), through the resume below too
+    packing = ["--ds.packing_samples", "--ds.attn_implementation", "flash_attention_2"]
     checkpoints = ["--ckpt.save_steps", "1", "--ckpt.path", str(tmp_path / "checkpoints")]
-    extra = helpers.d3s_flags(**helpers.CROSS) + checkpoints + (["--train.async_enable"] if mode == "async" else [])
+    extra = helpers.d3s_flags(**helpers.CROSS) + packing + checkpoints
+    extra += ["--train.async_enable"] if mode == "async" else []
     config = dataclasses.replace(helpers.BASE, steps=4, extra=extra)
     tag = uuid.uuid4().hex
     killer = Killer(run_processes, tag, VICTIMS[victim])
@@ -116,6 +121,8 @@ def test_a_dead_actor_ends_the_run_with_its_name_and_cause(
     # after step 2's checkpoint, or step 1's where the abort cut step 2's short (DeepSpeed names it latest last)
     assert first in (2, 3), f"resumed at {first}\n{run.tail()}"
     assert_clean_run(run, range(first, 5))
+    # the schedule goes on from the step resumed (over the run's 4 steps), with its kept counts
+    helpers.assert_kept_counts(run, helpers.expected_schedule(helpers.CROSS, resumed, 4, first_step=first))
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

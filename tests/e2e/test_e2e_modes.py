@@ -1,6 +1,6 @@
 """Real ``train_ppo_ray`` runs of the modes GPU users switch on for speed, with D3S, on the CPU runtime: dynamic
 batching (which packs samples: flash-attention 2 on the CPU stand-in; intra scope on a two-node Ray cluster),
-DAPO-style dynamic filtering, the chunked-logits forwards (PODS with GSPO among them) and a multi-turn agent.
+DAPO-style dynamic filtering, the chunked-logits forwards of PODS with GSPO and the KL loss, and a multi-turn agent.
 Same per-step assertions as tests/e2e/test_e2e_pipeline.py."""
 
 import dataclasses
@@ -208,28 +208,17 @@ KL_AND_ENTROPY = ["--algo.kl.use_loss", "--actor.entropy_coef", "0.01"]
 PODS = dict(preset="pods", n_init=4, n_final=4)  # intra, max-variance on rewards, advantages over the kept 4 of 8
 
 
-@pytest.mark.parametrize(
-    "fields, flags, said",
-    [
-        (CROSS, KL_AND_ENTROPY, "every action token (--algo.kl.use_loss"),
-        (
-            PODS,
-            ["--d3s.chunked_logits", "--actor.policy_loss_type", "gspo"] + KL_AND_ENTROPY,
-            "every action token (--actor.policy_loss_type gspo",
-        ),
-    ],
-    ids=["k-below-1-kl-entropy", "chunked-logits-pods-gspo-kl-entropy"],
-)
-def test_losses_reading_every_token_train_with_chunked_logits(
-    fields, flags, said, toy_sft, run_pipeline, assert_clean_run, tmp_path
-):
-    # the paper-scale scripts' loss (KL loss, K < 1) and, with --d3s.chunked_logits, PODS at K = 1 with GSPO: the
-    # training forward scores every action token from the hidden states (the actor says so once)
-    config = dataclasses.replace(BASE, kl_coef=0.01, extra=helpers.d3s_flags(**fields) + flags)
+def test_pods_with_gspo_trains_with_chunked_logits(toy_sft, run_pipeline, assert_clean_run, tmp_path):
+    """PODS at K = 1 with GSPO and the KL loss, under --d3s.chunked_logits: the training forward scores every action
+    token from the hidden states (the actor says so once). D3S at K < 1 with the KL loss: the all-equal-rewards run
+    of tests/e2e/test_e2e_pipeline.py."""
+    flags = ["--d3s.chunked_logits", "--actor.policy_loss_type", "gspo"] + KL_AND_ENTROPY
+    config = dataclasses.replace(BASE, kl_coef=0.01, extra=helpers.d3s_flags(**PODS) + flags)
     run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "every_token", config), name="every_token")
     assert_clean_run(run, range(1, STEPS + 1))
-    helpers.assert_kept_counts(run, helpers.expected_schedule(fields, config, STEPS))
+    helpers.assert_kept_counts(run, helpers.expected_schedule(PODS, config, STEPS))
     log = Path(run.log).read_text(errors="replace")
+    said = "every action token (--actor.policy_loss_type gspo"
     assert f"[d3s] training forward with chunked logits: log-probs at {said}" in log, run.tail()
     assert "with full logits (" not in log
     for step, values in run.steps.items():

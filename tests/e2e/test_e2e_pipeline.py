@@ -4,10 +4,11 @@ Each test asserts from the metrics OpenRLHF logged that every step kept the numb
 its (N, K) asks for, that the loss is finite and the gradient non-zero, that the run exited cleanly, and that
 no process of the run outlived it.
 
-A run costs about a minute, nearly all of it start-up, so each run covers several things: cross scope with
-token selection on one rank, sample packing and a checkpoint resume in the checkpoint test; async mode, the
-training-time evaluation and the fork path (upstream's entrypoint patched) in one run; two ranks under ZeRO-3 in
-the all-equal-rewards test and in test_e2e_modes.py's dynamic-batching runs (cross, and intra on two nodes);
+A run costs about a minute, nearly all of it start-up, so each run covers several things: async mode, the
+training-time evaluation and the fork path (upstream's entrypoint patched) in one run; sample packing and a
+checkpoint resume that continues the schedule in tests/e2e/test_e2e_dead_actor.py (after a killed engine); two
+ranks under ZeRO-3 in the all-equal-rewards test (with the KL loss: chunked logits at every action token) and in
+test_e2e_modes.py's dynamic-batching runs (cross, and intra on two nodes);
 PODS (intra scope, advantages over the subset) with GSPO in test_e2e_modes.py's chunked-logits run; GSPO from a
 launch script in the gspo_d3s smoke run (tests/examples/test_examples_smoke.py). The baseline (D3S off, sync) and
 the async run also evaluate on held-out prompts and check the unbiased eval/<datasource>/pass@k beside upstream's
@@ -15,7 +16,8 @@ metrics.
 """
 
 import dataclasses
-import os
+import math
+from pathlib import Path
 
 import pytest
 from pipeline_checks import (
@@ -53,7 +55,9 @@ def test_baseline_d3s_off(toy_sft, run_pipeline, assert_clean_run, tmp_path):
 
 def test_all_equal_rewards_on_two_ranks_keep_the_loss_finite(toy_sft, run_pipeline, assert_clean_run, tmp_path):
     """Every reward of every batch equal: no advantage, no token with a score, no kept token in any optimizer-step
-    window. The PG term is 0 (not 0/0), the entropy bonus still trains, nothing turns NaN (ZeRO-3, two ranks)."""
+    window. The PG term is 0 (not 0/0), the entropy bonus and the KL loss still train, nothing turns NaN (ZeRO-3,
+    two ranks). The paper-scale scripts' loss (KL loss, K < 1): the training forward scores every action token from
+    the hidden states (the actor says so once)."""
     reward = tmp_path / "constant_reward.py"
     reward.write_text(
         "import torch\n\n"
@@ -67,7 +71,8 @@ def test_all_equal_rewards_on_two_ranks_keep_the_loss_finite(toy_sft, run_pipeli
         zero_stage=3,
         micro_batch_size=8,
         reward=str(reward),
-        extra=d3s_flags(**CROSS) + ["--actor.entropy_coef", "0.01"],
+        kl_coef=0.01,
+        extra=d3s_flags(**CROSS) + ["--algo.kl.use_loss", "--actor.entropy_coef", "0.01"],
     )
     run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "equal", config), name="equal")
     assert_clean_run(run, range(1, STEPS + 1))
@@ -76,25 +81,10 @@ def test_all_equal_rewards_on_two_ranks_keep_the_loss_finite(toy_sft, run_pipeli
         assert values["d3s/scored_tokens"] == 0 and values["d3s/kept_tokens"] == 0, step
         assert values["policy_loss"] == 0.0, step
         assert values["d3s/zero_var_groups"] == PROMPTS, step
-
-
-def test_checkpoint_resume_continues_schedule_with_packing(toy_sft, run_pipeline, assert_clean_run, tmp_path):
-    """Run 2 of 4 scheduled steps with a checkpoint, then resume with the data for 4: steps 3-4 follow on. Both
-    runs pack samples (--ds.packing_samples forces flash_attention_2: upstream's default attention, served by the
-    CPU stand-in)."""
-    fields = dict(CROSS, schedule_steps=4)
-    packing = ["--ds.packing_samples", "--ds.attn_implementation", "flash_attention_2"]
-    checkpoint_flags = packing + ["--ckpt.save_steps", "2", "--ckpt.path", str(tmp_path / "checkpoints")]
-    first = dataclasses.replace(BASE, steps=2, extra=d3s_flags(**fields) + checkpoint_flags)
-    run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "first", first), name="first")
-    assert_clean_run(run, [1, 2])
-    assert_kept_counts(run, expected_schedule(fields, first, 4, last_step=2))
-    assert os.path.isdir(tmp_path / "checkpoints" / "_actor"), "no actor checkpoint was written"
-
-    resumed = dataclasses.replace(BASE, steps=4, extra=d3s_flags(**fields) + checkpoint_flags + ["--ckpt.load_enable"])
-    run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "resumed", resumed), name="resumed")
-    assert_clean_run(run, [3, 4])
-    assert_kept_counts(run, expected_schedule(fields, resumed, 4, first_step=3))
+        assert math.isfinite(values["kl"]) and math.isfinite(values["entropy_loss"]), (step, values)
+    log = Path(run.log).read_text(errors="replace")
+    assert "[d3s] training forward with chunked logits: log-probs at every action token (--algo.kl.use_loss" in log
+    assert "with full logits (" not in log
 
 
 def test_async_mode_through_the_patched_upstream_entrypoint(toy_sft, run_pipeline, assert_clean_run, tmp_path):
