@@ -5,8 +5,9 @@
 
 The script runs as written (its own ``ray job submit``, runtime env and working_dir upload of the checkout), with
 only the toy model, data and sizes swapped in through the environment variables common.sh reads
-(:func:`swapped_env`), plus ``--data.max_samples`` so that the run is exactly :data:`STEPS` steps. Every other
-flag -- colocation, ZeRO stage, loss, ``--d3s.*`` -- is the script's. The job runs under the CPU runtime
+(:func:`swapped_env`), plus ``--data.max_samples`` so that the run is exactly :data:`STEPS` steps and
+``--vllm.enforce_eager`` (:func:`extra_args`). Every other flag -- colocation, ZeRO stage, loss, ``--d3s.*`` -- is
+the script's. The job runs under the CPU runtime
 (:mod:`d3s_openrlhf.cpu.runtime`): the script's runtime env gets ``D3S_OPENRLHF_CPU=1`` (through common.sh's
 ``D3S_RUNTIME_ENV_VARS``), so the job's driver activates the runtime against the cluster and gives its workers
 the CUDA -> CPU adjustments; ``RAY_OVERRIDE_JOB_RUNTIME_ENV=1`` lets the driver's runtime env add to the job's
@@ -63,8 +64,10 @@ def swapped_env(toy_files, ckpt_root, nodes, gpus_per_node):
 
 
 def extra_args():
-    """Flags appended to the script's command line (its last occurrence wins)."""
-    return ["--data.max_samples", str(PROMPTS_PER_STEP * STEPS)]
+    """Flags appended to the script's command line (its last occurrence wins): the run's length, and vLLM without
+    its torch.compile of the model, which costs each engine about a minute of start-up on 2 cores (a GPU run pays
+    it once) and tests nothing of the script."""
+    return ["--data.max_samples", str(PROMPTS_PER_STEP * STEPS), "--vllm.enforce_eager"]
 
 
 @dataclass
