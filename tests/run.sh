@@ -9,7 +9,7 @@
 #
 # Without arguments the suite runs as two pytest processes: the end-to-end runs (-m e2e) in front, and the rest
 # beside them at the lowest CPU priority (nice 19, below the runs' Ray workers), on the fifth of the cores the
-# runs leave idle while their processes start; its output follows theirs.
+# runs leave idle while their processes start; its output follows theirs. Each lists its 20 slowest tests.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -30,9 +30,9 @@ fi
 
 logs="$(mktemp -d)"
 trap 'rm -rf "$logs"' EXIT
-nice -n 19 "$PY" -m pytest -ra -m "not e2e" >"$logs/rest.log" 2>&1 &
+nice -n 19 "$PY" -m pytest -ra --durations=20 -m "not e2e" >"$logs/rest.log" 2>&1 &
 rest=$!
-"$PY" -m pytest -ra -m e2e 2>&1 | tee "$logs/e2e.log" || rc=$?
+"$PY" -m pytest -ra --durations=20 -m e2e 2>&1 | tee "$logs/e2e.log" || rc=$?
 e2e_s=$((SECONDS - pytest_start))
 rest_rc=0
 wait "$rest" || rest_rc=$?
