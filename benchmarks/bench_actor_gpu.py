@@ -24,7 +24,7 @@ above the level at the call (weights and gradient buffers exist before, as in tr
     PYTHONPATH=$PWD python benchmarks/bench_actor_gpu.py                  # 7B and 1.5B heads, few body layers
     PYTHONPATH=$PWD python benchmarks/bench_actor_gpu.py --shapes qwen2.5-1.5b qwen2.5-7b --checkpointing \\
         --json benchmarks/results/actor_gpu_full_depth.json             # 28 layers, as the launch scripts train
-    .venv/bin/python benchmarks/report.py                                 # the tables in RESULTS.md (section 10)
+    .venv/bin/python benchmarks/report.py                                 # the tables in RESULTS.md (section 6)
 """
 
 from __future__ import annotations

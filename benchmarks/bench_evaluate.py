@@ -83,7 +83,7 @@ def main(argv=None):
                 samples.append_prompt(f, lines)
                 counted.append(sum(x["response_tokens"] for x in lines))
 
-            generate_and_score(engines, requests, sampling, reward_func, tokenizer, model, on_prompt)
+            generate_and_score(engines, requests, sampling, reward_func, tokenizer, model, "bench", on_prompt)
         return sum(counted)
 
     try:

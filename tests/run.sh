@@ -29,10 +29,18 @@ if (($#)); then
 fi
 
 logs="$(mktemp -d)"
-trap 'rm -rf "$logs"' EXIT
+# each pytest in a process group of its own, waited for (a signal to the script ends the wait): the script's exit,
+# however it comes, stops both
+set -m
 nice -n 19 "$PY" -m pytest -ra --durations=20 -m "not e2e" >"$logs/rest.log" 2>&1 &
 rest=$!
-"$PY" -m pytest -ra --durations=20 -m e2e 2>&1 | tee "$logs/e2e.log" || rc=$?
+("$PY" -m pytest -ra --durations=20 -m e2e 2>&1 | tee "$logs/e2e.log"; exit "${PIPESTATUS[0]}") &
+e2e=$!
+set +m
+trap 'kill -TERM -- "-$rest" "-$e2e" 2>/dev/null || true; rm -rf "$logs"' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+wait "$e2e" || rc=$?
 e2e_s=$((SECONDS - pytest_start))
 rest_rc=0
 wait "$rest" || rest_rc=$?
@@ -42,7 +50,7 @@ cat "$logs/rest.log"
 ((rc)) || rc=$rest_rc
 echo "[tests/run.sh] wall time $(elapsed "$SECONDS") (pytest $(elapsed $((SECONDS - pytest_start))), the e2e runs $(elapsed "$e2e_s")), exit $rc"
 # both processes' counts, as one closing line
-"$PY" - "$logs/e2e.log" "$logs/rest.log" <<'EOF'
+"$PY" - "$logs/e2e.log" "$logs/rest.log" <<'EOF' || true
 import re
 import sys
 

@@ -17,12 +17,7 @@ from openrlhf.trainer.ray.launcher import RayActorGroup, ReferenceModelActor, Re
 from openrlhf.trainer.ray.ppo_actor import PolicyModelActor
 from openrlhf.trainer.ray.ppo_critic import CriticModelActor
 
-from d3s_openrlhf.integration.liveness import WatchingRay, engine_names
-
-STARTUP = "start-up"
-MODELS_LOADING = "start-up (the models' loading, in which policy rank 0 forms the weight-sync group with the engines)"
-TRAINING = "training"
-FINAL_SAVE = "the final save"
+from d3s_openrlhf.integration.liveness import FINAL_SAVE, MODELS_LOADING, STARTUP, TRAINING, WatchingRay, engine_names
 
 # upstream's classes (imported before any swap): the D3S and LoRA actors derive from them
 ROLES = (
@@ -46,8 +41,8 @@ class DriverWatch(WatchingRay):
     def __init__(self) -> None:
         super().__init__(phase=STARTUP)
 
-    def get(self, refs, *, timeout=None):
-        values = super().get(refs, timeout=timeout)
+    def get(self, refs, *, timeout=None, **kwargs):
+        values = super().get(refs, timeout=timeout, **kwargs)
         if self.phase == MODELS_LOADING:
             # once the models are loaded (the critic's, after the others', marks its loading again), train() waits
             # on the trainer's fit alone until the final save
@@ -90,6 +85,13 @@ class WatchedActorGroup(RayActorGroup):
 
     def __reduce__(self):
         # the group travels to the trainer actor as upstream's own: the watch is the driver's (the trainer's waits
-        # have theirs)
-        state = {key: value for key, value in vars(self).items() if key != "_watch"}
-        return object.__new__, (RayActorGroup,), state
+        # have theirs). Rebuilt by a module function: while the run's swap holds, launcher.RayActorGroup is the
+        # watch's factory, so the class itself would be pickled by value
+        return _upstream_group, ({key: value for key, value in vars(self).items() if key != "_watch"},)
+
+
+def _upstream_group(state) -> RayActorGroup:
+    """Upstream's group with ``state`` (:meth:`WatchedActorGroup.__reduce__`)."""
+    group = RayActorGroup.__new__(RayActorGroup)
+    group.__dict__.update(state)
+    return group

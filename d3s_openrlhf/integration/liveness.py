@@ -31,6 +31,12 @@ from ray.exceptions import RayActorError
 
 PING_INTERVAL_S = 5.0  # a death is seen within about this long; an idle actor answers one ping per interval
 
+# the phases of a run a death is reported in (the driver's watch moves through them; the trainers' is in TRAINING)
+STARTUP = "start-up"
+MODELS_LOADING = "start-up (the models' loading, in which policy rank 0 forms the weight-sync group with the engines)"
+TRAINING = "training"
+FINAL_SAVE = "the final save"
+
 # Ray's own get: in the driver, ``ray.get`` itself is a watch for the run (driver_watch.py), which waits with this
 _ray_get = ray.get
 
@@ -51,11 +57,15 @@ def engine_names(engines) -> Dict[str, object]:
     return {f"vLLM engine {index}": engine for index, engine in enumerate(engines or [])}
 
 
-def watched_get(refs, actors: Mapping[str, object], timeout=None, phase: Optional[str] = None):
+def watched_get(refs, actors: Mapping[str, object], timeout=None, phase: Optional[str] = None, **kwargs):
     """``ray.get(refs, timeout=timeout)``, raising :class:`DeadActorError` (naming ``phase``, what the run was doing)
-    once one of ``actors`` (name -> actor handle) is dead, and the error of any of ``refs`` as soon as it fails."""
-    if not actors:
-        return _ray_get(refs, timeout=timeout)
+    once one of ``actors`` (name -> actor handle) is dead, and the error of any of ``refs`` as soon as it fails.
+    Anything but an ObjectRef or a list or tuple of them (and Ray's other keywords) goes to Ray's own get."""
+    watchable = isinstance(refs, ray.ObjectRef) or (
+        isinstance(refs, (list, tuple)) and all(isinstance(ref, ray.ObjectRef) for ref in refs)
+    )
+    if not actors or not watchable or kwargs:
+        return _ray_get(refs, timeout=timeout, **kwargs)
     single = isinstance(refs, ray.ObjectRef)
     pending = set([refs] if single else refs)
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -101,8 +111,8 @@ class WatchingRay:
     def watch(self, actors: Mapping[str, object]) -> None:
         self._actors.update(actors)
 
-    def get(self, refs, *, timeout=None):
-        return watched_get(refs, dict(self._actors), timeout=timeout, phase=self.phase)
+    def get(self, refs, *, timeout=None, **kwargs):
+        return watched_get(refs, dict(self._actors), timeout=timeout, phase=self.phase, **kwargs)
 
     def __getattr__(self, name):
         return getattr(ray, name)

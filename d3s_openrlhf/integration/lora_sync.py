@@ -120,7 +120,7 @@ def _as_synced(name: str, tensor: torch.Tensor) -> Tuple[str, torch.Tensor]:
 
 # A bucket's merged copies are what a sync holds beyond the training state (besides one gathered layer). The
 # transport sends one tensor at a time whatever the bucket, so a larger bucket buys only fewer calls into
-# upstream's method (under a millisecond each here, benchmarks/RESULTS.md section 9); 256 MiB keeps the sync's
+# upstream's method (under a millisecond each here, benchmarks/RESULTS.md section 8); 256 MiB keeps the sync's
 # extra memory, with the largest adapted layer of a 7B model (an MLP projection, 136 MiB in bf16), below the
 # 1 GiB input embedding that upstream's own full sync of such a model gathers whole.
 BUCKET_BYTES = 256 * 2**20

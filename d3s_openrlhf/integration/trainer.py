@@ -13,8 +13,8 @@ Every training step (``train_step``, shared by both modes through ``D3STrainerMi
 * The ``d3s/*`` metrics of the experience maker are merged into the step's status, which OpenRLHF prints and
   hands to its wandb / tensorboard loggers.
 * The rollout statistics (``rollout/*``) describe all B*G rollouts of the step's batch, not only the kept ones:
-  the groups the step trains, whose rollouts sample selection may drop (not the groups dynamic filtering or
-  screening dropped before the batch; docs/metrics.md).
+  the groups the step trains, whose rollouts sample selection may drop (not the groups dynamic filtering dropped
+  before the batch; docs/metrics.md).
 * ``kl_ctl.update`` receives the number of rollouts actually trained instead of the nominal B*G.
 
 Evaluation during training (``--eval.dataset``) logs upstream's metrics plus the unbiased
@@ -43,11 +43,10 @@ from openrlhf.trainer.ppo_trainer_async import (
     TrainingActor,
 )
 
-from d3s_openrlhf.integration.driver_watch import TRAINING
 from d3s_openrlhf.integration.eval_metrics import PassAtKGenerateSamplesActorBase, PassAtKPPOTrainerBase
 from d3s_openrlhf.integration.experience_maker import D3SExperienceMaker
 from d3s_openrlhf.integration.host import config_from_args, rollout_steps, scaled_max_steps
-from d3s_openrlhf.integration.liveness import WatchingRay, engine_names
+from d3s_openrlhf.integration.liveness import TRAINING, WatchingRay, engine_names
 from d3s_openrlhf.integration.samples_generator import STATE_KEY as GENERATION_STATE_KEY
 from d3s_openrlhf.integration.samples_generator import D3SSamplesGenerator
 from d3s_openrlhf.integration.seams import remote_like, swapped_globals

@@ -168,13 +168,16 @@ class NonFiniteCheck:
     def add(self, head: torch.nn.Linear, hidden, log_probs, entropy) -> None:
         """Count the non-finite results of one head call ((k,) log-probs and entropy of hidden (k, H)) and the bad
         tokens whose hidden state is non-finite, and note whether the head holds a non-finite parameter: device
-        ops only, none with a temporary the size of the head or of the hidden states."""
-        finite = torch.isfinite(log_probs) if entropy is None else torch.isfinite(log_probs) & torch.isfinite(entropy)
-        bad = ~finite
-        hidden_bad = _non_finite(*torch.aminmax(hidden, dim=-1)) & bad
-        params = [p for p in (head.weight, head.bias) if p is not None and p.numel()]
-        head_bad = torch.stack([_non_finite(*torch.aminmax(p)) for p in params]).any()
-        self._calls.append((finite.numel(), torch.stack([bad.sum(), hidden_bad.sum(), head_bad.long()])))
+        ops only, none with a temporary the size of the head or of the hidden states, and no autograd record."""
+        with torch.no_grad():
+            finite = torch.isfinite(log_probs)
+            if entropy is not None:
+                finite &= torch.isfinite(entropy)
+            bad = ~finite
+            hidden_bad = _non_finite(*torch.aminmax(hidden, dim=-1)) & bad
+            params = [p for p in (head.weight, head.bias) if p is not None and p.numel()]
+            head_bad = torch.stack([_non_finite(*torch.aminmax(p)) for p in params]).any()
+            self._calls.append((finite.numel(), torch.stack([bad.sum(), hidden_bad.sum(), head_bad.long()])))
 
     def raise_if_any(self) -> None:
         """Raise FloatingPointError for the first head call since the last check with a non-finite result."""

@@ -12,7 +12,7 @@ import ray
 from openrlhf.trainer.ray.ppo_critic import CriticModelActor
 from ray import cloudpickle
 
-from d3s_openrlhf.integration import driver_watch, liveness
+from d3s_openrlhf.integration import liveness
 from d3s_openrlhf.integration.actor import D3SPolicyModelActor, D3SReferenceModelActor
 from d3s_openrlhf.integration.driver_watch import DriverWatch, role
 from d3s_openrlhf.integration.liveness import DeadActorError
@@ -78,11 +78,11 @@ def test_model_actor_roles_follow_upstream_classes():
 
 def test_an_engine_dead_while_it_loads_ends_the_models_loading_naming_it_and_the_phase(tmp_path):
     watch = DriverWatch()
-    assert watch.get(ray.put(1)) == 1 and watch.phase == driver_watch.STARTUP  # nothing watched yet: ray.get
+    assert watch.get(ray.put(1)) == 1 and watch.phase == liveness.STARTUP  # nothing watched yet: ray.get
     engines = watch.watching_engines(lambda: [engine_killed_while_it_loads(tmp_path / "pid")])()
     group = watch.actor_group(1, 1, Model, num_gpus_per_actor=0)
     refs = group.async_init_model_from_pretrained(600)  # never ends on its own
-    assert watch.phase == driver_watch.MODELS_LOADING
+    assert watch.phase == liveness.MODELS_LOADING
     start = time.monotonic()
     with pytest.raises(DeadActorError, match=r"vLLM engine 0 died during start-up \(the models' loading") as error:
         watch.get(refs)
@@ -94,8 +94,8 @@ def test_an_engine_dead_while_it_loads_ends_the_models_loading_naming_it_and_the
 def test_the_phase_moves_to_training_then_the_final_save_and_a_dead_model_actor_is_named():
     watch = DriverWatch()
     group = watch.actor_group(1, 1, Model, num_gpus_per_actor=0)
-    assert watch.get(group.async_init_model_from_pretrained(0)) == [0] and watch.phase == driver_watch.TRAINING
-    assert watch.get(group.async_save_model()) == ["saved"] and watch.phase == driver_watch.FINAL_SAVE
+    assert watch.get(group.async_init_model_from_pretrained(0)) == [0] and watch.phase == liveness.TRAINING
+    assert watch.get(group.async_save_model()) == ["saved"] and watch.phase == liveness.FINAL_SAVE
     ray.kill(group._actor_handlers[0])
     with pytest.raises(DeadActorError, match="Model model actor 0 died during the final save"):
         watch.get(group.async_save_model())  # its own result fails, named as the watched actor's death
@@ -116,8 +116,14 @@ def test_swapped_ray_get_watches_a_namespace_of_its_own(tmp_path):
 
 
 def test_the_group_travels_as_upstreams_without_the_watch():
-    group = DriverWatch().actor_group(1, 1, Model, num_gpus_per_actor=0)
-    shipped = cloudpickle.loads(cloudpickle.dumps(group))
+    watch = DriverWatch()
+    group = watch.actor_group(1, 1, Model, num_gpus_per_actor=0)
+    # pickled as the run ships it, while launcher.RayActorGroup is the watch's factory (the class by reference)
+    with swapped_globals(launcher, RayActorGroup=watch.actor_group):
+        payload = cloudpickle.dumps(group)
+    # the class itself is not shipped: pickled then, it would go by value (another process would get a copy)
+    assert b"RayActorGroup" not in payload
+    shipped = cloudpickle.loads(payload)
     assert type(shipped) is launcher.RayActorGroup and not hasattr(shipped, "_watch")
     assert [a._actor_id for a in shipped._actor_handlers] == [a._actor_id for a in group._actor_handlers]
     ray.kill(group._actor_handlers[0])
