@@ -86,7 +86,8 @@ def test_an_engine_dead_while_it_loads_ends_the_models_loading_naming_it_and_the
     start = time.monotonic()
     with pytest.raises(DeadActorError, match=r"vLLM engine 0 died during start-up \(the models' loading") as error:
         watch.get(refs)
-    assert time.monotonic() - start < 10 and "Engine" in str(error.value)
+    # the engine's start-up, its death and a ping interval (on a loaded machine, tens of seconds), not the 600 s
+    assert time.monotonic() - start < 120 and "Engine" in str(error.value)
     assert error.value.actor_name == "vLLM engine 0" and len(engines) == 1
     ray.kill(group._actor_handlers[0])
 

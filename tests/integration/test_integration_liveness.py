@@ -74,6 +74,7 @@ def test_a_dead_watched_actor_ends_a_wait_on_another(victim_class):
 
 def test_a_failed_result_ends_the_wait_at_once_whatever_its_place():
     slow, failing = Worker.remote(), Worker.remote()
+    ray.get([slow.__ray_ready__.remote(), failing.__ray_ready__.remote()])  # the clock times the wait, not start-up
     refs = [slow.wait.remote(600), failing.fail.remote()]
     start = time.monotonic()
     with pytest.raises(ValueError, match="no"):
