@@ -1,18 +1,35 @@
-"""Fixtures of the integration tests: a free local port, a one-rank gloo process group, and the actor tests' tiny
-Llama (``model_dir``) with the CUDA calls OpenRLHF makes pointed at the CPU (``cpu_cuda``)."""
+"""Fixtures of the integration tests: a free local port, a one-rank gloo process group, the actor tests' tiny
+Llama (``model_dir``) with the CUDA calls OpenRLHF makes pointed at the CPU (``cpu_cuda``), and the liveness
+watches' Ray instance and short pings."""
 
 import sys
 from pathlib import Path
 
 import pytest
+import ray
 import torch.distributed as dist
 
+from d3s_openrlhf.integration import liveness
 from d3s_openrlhf.testbed import ray_cluster
 
 # the actor tests' model and batches, ``import actor_batches`` (tests/ is no package)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from actor_batches import point_cuda_at_cpu, write_tiny_llama  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def watch_ray():
+    """A local Ray instance of its own for the liveness watches' tests (their actors are tiny)."""
+    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=150 * 1024**2)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def short_pings(monkeypatch):
+    """The watches ping every 0.2 s instead of every PING_INTERVAL_S, so that a death is seen at once."""
+    monkeypatch.setattr(liveness, "PING_INTERVAL_S", 0.2)
 
 
 @pytest.fixture

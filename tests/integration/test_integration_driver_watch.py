@@ -19,17 +19,7 @@ from d3s_openrlhf.integration.liveness import DeadActorError
 from d3s_openrlhf.integration.lora_sync import LoRASyncPolicyModelActor
 from d3s_openrlhf.integration.seams import swapped_globals
 
-
-@pytest.fixture(scope="module", autouse=True)
-def local_ray():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=150 * 1024**2)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(autouse=True)
-def short_pings(monkeypatch):
-    monkeypatch.setattr(liveness, "PING_INTERVAL_S", 0.2)
+pytestmark = pytest.mark.usefixtures("watch_ray", "short_pings")
 
 
 def actor_classes():

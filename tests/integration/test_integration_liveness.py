@@ -8,20 +8,9 @@ import time
 import pytest
 import ray
 
-from d3s_openrlhf.integration import liveness
 from d3s_openrlhf.integration.liveness import DeadActorError, WatchingRay, engine_names, watched_get
 
-
-@pytest.fixture(scope="module", autouse=True)
-def local_ray():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=150 * 1024**2)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(autouse=True)
-def short_pings(monkeypatch):
-    monkeypatch.setattr(liveness, "PING_INTERVAL_S", 0.2)
+pytestmark = pytest.mark.usefixtures("watch_ray", "short_pings")
 
 
 def actor_classes():
