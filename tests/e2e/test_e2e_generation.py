@@ -3,9 +3,9 @@ runtime, over a toy task in which a known half of the prompts is always solved: 
 of an "easy" prompt (operands with an even sum) reward 1 and scores the others by exact match, and logs each scored
 rollout so that the test can count what was generated.
 
-Sync (D3S + history, several passes), async with dynamic filtering, a resume from the best checkpoint of an
-evaluation that restores the position and the history (sync and async; tests/e2e/test_e2e_pipeline.py resumes from a
-regular checkpoint), and a run that can never fill a batch (a reward that never varies under upstream's filter) stops
+A resume from the best checkpoint of an evaluation that restores the position and the history (sync with D3S over
+several passes, async with GRPO; tests/e2e/test_e2e_dead_actor.py resumes from a regular checkpoint), async with
+dynamic filtering, and a run that can never fill a batch (a reward that never varies under upstream's filter) stops
 with the stall rule's message. The reward always comes at generation time (``--reward.remote_url`` with a reward
 file)."""
 
@@ -25,7 +25,6 @@ BASE = pipeline.RLConfig(
 # the entropy bonus keeps every optimizer window's gradient non-zero (upstream logs the last window's norm), also
 # one whose rollouts have no kept token or equal rewards
 ENTROPY = ["--actor.entropy_coef", "0.01"]
-D3S = ["--d3s.preset", "d3s", "--d3s.n_init", "4", "--d3s.n_final", "8", "--d3s.schedule_steps", str(STEPS), *ENTROPY]
 SKIP = ["--d3s.prompt_skip", "history"]
 
 REWARD = """
@@ -47,6 +46,10 @@ def reward_func(queries, prompts, labels, **kwargs):
 
 def grpo(steps=STEPS):
     return ["--d3s.preset", "grpo", "--d3s.schedule_steps", str(steps), *ENTROPY]
+
+
+def d3s(steps=STEPS):
+    return ["--d3s.preset", "d3s", "--d3s.n_init", "4", "--d3s.n_final", "8", *grpo(steps)[2:]]
 
 
 def ppo_args(toy_sft, tmp_path, name, config):
@@ -78,21 +81,6 @@ def assert_generation_run(run, assert_clean_run, steps=STEPS, first=1):
         assert values["d3s/generated_tokens"] >= 4 * GROUP, step
 
 
-def test_d3s_with_history_trains_the_fixed_steps(toy_sft, run_pipeline, assert_clean_run, tmp_path):
-    reward, log = reward_file(tmp_path, "sync")
-    config = dataclasses.replace(BASE, reward=reward, extra=D3S + SKIP)
-    run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "sync", config), name="sync")
-    assert_generation_run(run, assert_clean_run)
-    counts, easy = scored(log)
-    assert len(counts) == PROMPTS and 0 < len(easy) < PROMPTS
-    # every easy prompt's first group is flat: a skip candidate from then on
-    assert sum(values["d3s/skipped_prompts"] for values in run.steps.values()) > 0
-    assert all(count % GROUP == 0 for count in counts.values()), counts  # a prompt is generated whole or skipped
-    assert run.steps[STEPS]["d3s/passes"] >= 3
-    # a skip needs an earlier observation of the prompt: in the first batch only once its draws reached pass 2
-    assert run.steps[1]["d3s/skipped_prompts"] == 0 or run.steps[1]["d3s/passes"] >= 2
-
-
 def test_async_with_dynamic_filtering(toy_sft, run_pipeline, assert_clean_run, tmp_path):
     """Skipping and upstream's filter at once, in async mode: the filter's range drops the flat groups."""
     reward, log = reward_file(tmp_path, "async")
@@ -114,24 +102,32 @@ def test_a_run_resumes_from_its_best_checkpoint_with_the_history(
 ):
     """No regular checkpoints (``--ckpt.save_steps -1``), an evaluation at step 4 whose best checkpoint is the one
     the run resumes: it trains the rest of the fixed steps (not a new count), and its first batch, in the second
-    pass, already skips, which a fresh history (no candidates) could not. Async: the
-    evaluation at step 4 runs while the trainer takes batch 5, whose state the best checkpoint saves (upstream)."""
-    reward, _ = reward_file(tmp_path, "best", mixed="0.0")  # every prompt's group flat: easy 1, others 0
+    pass, already skips, which a fresh history (no candidates) could not. Async (GRPO): the evaluation at step 4 runs
+    while the trainer takes batch 5, whose state the best checkpoint saves (upstream). Sync trains D3S beside the
+    skipping, and over both runs every prompt is generated whole or skipped, for several passes over the prompts."""
+    reward, log = reward_file(tmp_path, "best", mixed="0.0")  # every prompt's group flat: easy 1, others 0
     evaluation = ["--eval.dataset", toy_sft.task.heldout, "--eval.steps", "4", "--eval.n_samples_per_prompt", "2"]
     checkpoint = ["--ckpt.save_steps", "-1", "--ckpt.path", str(tmp_path / "checkpoints")]
     asynchronous = ["--train.async_enable"] if mode == "async" else []
     flags = SKIP + ["--d3s.skip_base", "0.05"] + evaluation + checkpoint + asynchronous
-    first = dataclasses.replace(BASE, reward=reward, extra=grpo(6) + flags)
+    level = d3s if mode == "sync" else grpo
+    first = dataclasses.replace(BASE, reward=reward, extra=level(6) + flags)
     run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "first", first), name="first")
-    assert_clean_run(run, range(1, 7))
+    assert_generation_run(run, assert_clean_run, steps=6)
+    # a skip needs an earlier observation of the prompt: in the first batch only once its draws reached pass 2
+    assert run.steps[1]["d3s/skipped_prompts"] == 0 or run.steps[1]["d3s/passes"] >= 2
     saved = sorted(path.name for path in (tmp_path / "checkpoints" / "_actor").iterdir() if path.is_dir())
     assert saved == ["best_global_step4"], saved
-    resumed = dataclasses.replace(first, extra=grpo() + flags + ["--ckpt.load_enable"])
+    resumed = dataclasses.replace(first, extra=level() + flags + ["--ckpt.load_enable"])
     run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, "resumed", resumed), name="resumed")
     start = 5 if mode == "sync" else 6
-    assert_clean_run(run, range(start, STEPS + 1))
+    assert_generation_run(run, assert_clean_run, first=start)
     # all 16 prompts were seen, each with a flat group: candidates, skipped with probability 0.95
     assert run.steps[start]["d3s/skip_candidates"] >= 4 and run.steps[start]["d3s/skipped_prompts"] > 0, run.tail()
+    counts, easy = scored(log)
+    assert len(counts) == PROMPTS and 0 < len(easy) < PROMPTS
+    assert all(count % GROUP == 0 for count in counts.values()), counts  # a prompt is generated whole or skipped
+    assert run.steps[STEPS]["d3s/passes"] >= 3
 
 
 def test_a_run_that_can_never_fill_stops_with_the_flags_to_change(toy_sft, run_pipeline, tmp_path):
@@ -143,7 +139,7 @@ def test_a_run_that_can_never_fill_stops_with_the_flags_to_change(toy_sft, run_p
     name = "filtering"
     reward, log = reward_file(tmp_path, name, mixed="0.0")
     level = ["--algo.dynamic_filtering_enable", "--algo.dynamic_filtering_range", "0.05", "0.95"]
-    config = dataclasses.replace(BASE, reward=reward, extra=D3S + level + ["--d3s.stall_passes", "1"])
+    config = dataclasses.replace(BASE, reward=reward, extra=d3s() + level + ["--d3s.stall_passes", "1"])
     run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, name, config), name=name)
     assert isinstance(run.returncode, int) and run.returncode != 0, f"exit {run.returncode}\n{run.tail()}"
     text = Path(run.log).read_text()

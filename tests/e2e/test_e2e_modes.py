@@ -1,5 +1,5 @@
 """Real ``train_ppo_ray`` runs of the modes GPU users switch on for speed, with D3S, on the CPU runtime: dynamic
-batching (which packs samples: flash-attention 2 on the CPU stand-in; intra scope on a two-node Ray cluster),
+batching (which packs samples: flash-attention 2 on the CPU stand-in; cross and intra scope),
 DAPO-style dynamic filtering, the chunked-logits forwards of PODS with GSPO and the KL loss, and a multi-turn agent.
 Same per-step assertions as tests/e2e/test_e2e_pipeline.py."""
 
@@ -16,7 +16,6 @@ import pytest
 from d3s_openrlhf.core.batching import kept_unit, legal_kept_count
 from d3s_openrlhf.core.config import D3SConfig
 from d3s_openrlhf.testbed import pipeline
-from d3s_openrlhf.testbed.ray_cluster import Cluster
 
 pytestmark = pytest.mark.e2e
 
@@ -119,19 +118,13 @@ def reward_func(queries, prompts, labels, **kwargs):
 """
 
 
-@pytest.mark.parametrize("fields, nodes", [(CROSS, 1), (INTRA, 2)], ids=["cross", "intra-two-nodes"])
-def test_dynamic_batching_two_ranks_zero3(
-    fields, nodes, toy_sft, run_pipeline, assert_clean_run, tmp_path, monkeypatch
-):
-    """Two ZeRO-3 ranks under dynamic batching, the kept-token normalisers of every optimizer step checked. Intra
-    runs on a Ray cluster of two nodes (nothing may assume one node): a rank and a vLLM engine on each."""
+@pytest.mark.parametrize("fields", [CROSS, INTRA], ids=["cross", "intra"])
+def test_dynamic_batching_two_ranks_zero3(fields, toy_sft, run_pipeline, assert_clean_run, tmp_path):
+    """Two ZeRO-3 ranks under dynamic batching, the kept-token normalisers of every optimizer step checked. (Runs
+    that span two Ray nodes: the launch-script smoke run of gspo_d3s, tests/examples/test_examples_smoke.py.)"""
     # dynamic batching forces packing (and flash_attention_2 over the eager default of ppo_args); 48 tokens per
     # micro-batch of sequences up to 16 tokens: several micro-batches per optimizer step
     dynamic = ["--train.dynamic_batch_enable", "--train.max_tokens_per_gpu", "48", "--rollout.max_tokens_per_gpu", "48"]
-    layout = []
-    if nodes == 2:
-        layout = ["--actor.num_nodes", "2", "--actor.num_gpus_per_node", "1", "--ref.num_nodes", "2"]
-        layout += ["--ref.num_gpus_per_node", "1", "--vllm.num_engines", "2"]
     reward = tmp_path / "distinct_reward.py"
     reward.write_text(DISTINCT_REWARD)
     config = dataclasses.replace(
@@ -140,25 +133,11 @@ def test_dynamic_batching_two_ranks_zero3(
         zero_stage=3,
         micro_batch_size=8,
         reward=str(reward),
-        extra=helpers.d3s_flags(**fields) + dynamic + layout,
+        extra=helpers.d3s_flags(**fields) + dynamic,
     )
     probe_dir, env = probe_env(tmp_path)
     name = f"dynamic_{fields['sample_scope']}"
-    args = ppo_args(toy_sft, tmp_path, name, config)
-    if nodes == 1:
-        run = run_pipeline(pipeline.D3S_ENTRYPOINT, args, name=name, env=env)
-    else:
-        for key, value in env.items():  # the cluster's processes, not the driver, start the Ray workers
-            monkeypatch.setenv(key, value)
-        with (
-            open(tmp_path / "cluster.log", "w") as log,
-            # the actor's 2 GPUs and the engines' 2 take all 4 of the two nodes' GPUs: the run spans both nodes
-            Cluster(nodes=2, gpus_per_node=2, log=log) as cluster,
-        ):
-            # the driver joins the cluster in Ray's single-machine mode, as its nodes run (every address 127.0.0.1)
-            env = {"RAY_ADDRESS": cluster.gcs_address, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-            run = run_pipeline(pipeline.D3S_ENTRYPOINT, args, name=name, env=env)
-        assert not cluster.leftovers, cluster.leftovers
+    run = run_pipeline(pipeline.D3S_ENTRYPOINT, ppo_args(toy_sft, tmp_path, name, config), name=name, env=env)
     assert_clean_run(run, range(1, STEPS + 1))
     # with dynamic batching the kept-count unit is lcm(train batch, DP) = 16, as without it here
     assert kept_unit(16, 8, 2, True) == kept_unit(16, 8, 2, False)

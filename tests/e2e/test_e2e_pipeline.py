@@ -8,7 +8,7 @@ A run costs about a minute, nearly all of it start-up, so each run covers severa
 training-time evaluation and the fork path (upstream's entrypoint patched) in one run; sample packing and a
 checkpoint resume that continues the schedule in tests/e2e/test_e2e_dead_actor.py (after a killed engine); two
 ranks under ZeRO-3 in the all-equal-rewards test (with the KL loss: chunked logits at every action token) and in
-test_e2e_modes.py's dynamic-batching runs (cross, and intra on two nodes);
+test_e2e_modes.py's dynamic-batching runs (cross and intra);
 PODS (intra scope, advantages over the subset) with GSPO in test_e2e_modes.py's chunked-logits run; GSPO from a
 launch script in the gspo_d3s smoke run (tests/examples/test_examples_smoke.py). The baseline (D3S off, sync) and
 the async run also evaluate on held-out prompts and check the unbiased eval/<datasource>/pass@k beside upstream's

@@ -36,6 +36,9 @@ def actor_classes():
         def save_model(self):
             return "saved"
 
+        def pid(self):
+            return os.getpid()
+
     class Engine:  # a vLLM engine that dies while it loads
         def __init__(self, pid_file):
             with open(pid_file, "w") as f:
@@ -87,7 +90,11 @@ def test_the_phase_moves_to_training_then_the_final_save_and_a_dead_model_actor_
     group = watch.actor_group(1, 1, Model, num_gpus_per_actor=0)
     assert watch.get(group.async_init_model_from_pretrained(0)) == [0] and watch.phase == liveness.TRAINING
     assert watch.get(group.async_save_model()) == ["saved"] and watch.phase == liveness.FINAL_SAVE
-    ray.kill(group._actor_handlers[0])
+    # SIGKILL, and gone before the next call (ray.kill returns at once: under load that call ran first, "saved")
+    pid = ray.get(group._actor_handlers[0].pid.remote())
+    os.kill(pid, signal.SIGKILL)
+    while os.path.exists(f"/proc/{pid}"):
+        time.sleep(0.05)
     with pytest.raises(DeadActorError, match="Model model actor 0 died during the final save"):
         watch.get(group.async_save_model())  # its own result fails, named as the watched actor's death
 
