@@ -61,6 +61,15 @@ def format_plan(config: D3SConfig, plan: Optional[D3SPlan], host_args=None, poin
         f"host batch: B = {plan.num_prompts} prompts x G = {plan.group_size} rollouts = {plan.total}; "
         f"data-parallel size {plan.dp_size}; kept counts are multiples of {plan.unit}"
     )
+    if config.samples_enabled:
+        lines.append(
+            f"optimizer steps (--d3s.optimizer_steps {config.optimizer_steps}): per epoch of a rollout step, "
+            + (
+                "those of the full batch, each on kept / that many rollouts"
+                if config.optimizer_steps == "fixed_updates"
+                else "one per --train.batch_size kept rollouts"
+            )
+        )
     # the points are steps the run trains (global steps 0 .. S - 1, logged as 1 .. S), its first and last among them
     if config.schedule_steps > 0:
         schedule = config.schedule_for(config.schedule_steps)
@@ -78,8 +87,11 @@ def format_plan(config: D3SConfig, plan: Optional[D3SPlan], host_args=None, poin
     for label, step in zip(labels, steps):
         n, k = schedule.at(step)
         if config.samples_enabled:
-            kept = plan.kept_by_n[n]
-            sample_text = f"N = {n:>3}  kept rollouts {kept:>6} / {plan.total} ({kept / plan.total:.1%})"
+            kept, updates = plan.kept_by_n[n], plan.updates_by_n[n]
+            sample_text = (
+                f"N = {n:>3}  kept rollouts {kept:>6} / {plan.total} ({kept / plan.total:.1%})  "
+                f"optimizer steps {updates} x {kept // updates} rollouts"
+            )
         else:
             sample_text = f"all {plan.total} rollouts"
         lines.append(f"  {label}:  {sample_text}  K = {k:.4f}")

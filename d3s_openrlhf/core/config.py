@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, Dict, Mapping, Optional
 
+from d3s_openrlhf.core.batching import OPTIMIZER_STEP_MODES
 from d3s_openrlhf.core.checks import InvalidOptions, Problem, is_int
 from d3s_openrlhf.core.prompt_skip import PROMPT_SKIP_MODES, PromptSkipPolicy
 from d3s_openrlhf.core.schedule import SCHEDULE_KINDS, DownSamplingSchedule
@@ -167,6 +168,16 @@ class D3SConfig:
         "passes, dynamic filtering included): turn D3S on, e.g. with --d3s.chunked_logits",
         int,
     )
+    optimizer_steps: str = _option(
+        "fixed_batch",
+        "how the kept rollouts of a rollout step become optimizer steps: fixed_batch = one per --train.batch_size "
+        "kept rollouts (OpenRLHF's rule), so a step that keeps fewer takes fewer, e.g. D3S at N 4 of G 16 a "
+        "quarter of GRPO's; fixed_updates = as many as training all B*G rollouts would (B*G / --train.batch_size "
+        "per epoch), each on kept / that many rollouts, so every step takes GRPO's number of updates. The D3S paper "
+        "does not say which it used",
+        str,
+        OPTIMIZER_STEP_MODES,
+    )
     token_scope: str = _option(
         "batch",
         "where the token budget K applies: batch = over all kept tokens of the rollout batch (the D3S "
@@ -299,6 +310,13 @@ class D3SConfig:
                 "the run is OpenRLHF's own train_ppo_ray, which trains its own passes over the data, with "
                 "--algo.dynamic_filtering_enable too; to train exactly S steps turn D3S on (e.g. "
                 "--d3s.chunked_logits, which only computes the log-probs with less memory), or drop it",
+            )
+        if not problems and self.optimizer_steps == "fixed_updates" and not self.samples_enabled:
+            bad(
+                "optimizer_steps",
+                "changes the optimizer batch of steps that keep fewer than all B*G rollouts, but without sample "
+                f"selection (--d3s.sample_rule {self.sample_rule}) every step keeps them all and already takes "
+                "upstream's updates; drop it, or choose a sample rule",
             )
         if self.full_logits is True and self.chunked_logits is True:
             bad("chunked_logits", "contradicts --d3s.full_logits=True (upstream's full logits everywhere); set one")

@@ -37,11 +37,19 @@ from d3s_openrlhf.integration.experience_forward import ChunkedLogitsForward, En
 from d3s_openrlhf.integration.host import (
     PG_MASK_KEY,
     chunked_logits_requested,
+    config_from_args,
+    fixed_updates_batch,
     full_logits_requested,
     loss_needs_every_token,
 )
 from d3s_openrlhf.integration.lora_sync import MergedLoRASync
-from d3s_openrlhf.integration.loss import PG_NORM_ATTR, D3SPolicyLoss, pg_mask_from_rows, with_pg_window_norms
+from d3s_openrlhf.integration.loss import (
+    PG_NORM_ATTR,
+    WINDOW_END_ATTR,
+    D3SPolicyLoss,
+    pg_mask_from_rows,
+    with_pg_window_norms,
+)
 from d3s_openrlhf.integration.replay_buffer import D3SReplayBuffer
 from d3s_openrlhf.integration.seams import swapped_globals
 from d3s_openrlhf.integration.training_forward import NonFiniteCheck, training_forward, training_forward_blocker
@@ -52,22 +60,59 @@ from d3s_openrlhf.integration.training_forward import NonFiniteCheck, training_f
 
 class D3SActorPPOTrainer(MergedLoRASync, ppo_actor.ActorPPOTrainer):
     """``ActorPPOTrainer`` whose PG surrogate covers only the tokens of ``experience.info["d3s_pg_mask"]``, with the
-    merged LoRA weight sync."""
+    merged LoRA weight sync, and with ``--d3s.optimizer_steps fixed_updates`` the optimizer steps of a full batch
+    at every rollout step. ``ppo_train`` reports the optimizer steps it took (``d3s/optimizer_steps``)."""
 
     def __init__(self, *args, **kwargs) -> None:
         # upstream builds its loss and replay buffer from these module-level names
         with swapped_globals(ppo_actor, PolicyLoss=D3SPolicyLoss, NaiveReplayBuffer=D3SReplayBuffer):
             super().__init__(*args, **kwargs)
         self._d3s_said = set()  # the forward's one-line reports (``_say_once``)
+        self._d3s_window_ends = False  # whether training_step sets DeepSpeed's accumulation boundary itself
 
     def ppo_train(self, kl_ctl: float):
+        steps_before = self.actor_scheduler.last_epoch  # the engine steps the LR scheduler at each optimizer step
         windows = with_pg_window_norms(ppo_actor.iter_grad_accum_global_norm)
-        with swapped_globals(ppo_actor, iter_grad_accum_global_norm=windows):
-            return super().ppo_train(kl_ctl)
+        with swapped_globals(ppo_actor, iter_grad_accum_global_norm=windows), self._fixed_updates_windows():
+            status = super().ppo_train(kl_ctl)
+        status["d3s/optimizer_steps"] = self.actor_scheduler.last_epoch - steps_before
+        return status
+
+    @contextmanager
+    def _fixed_updates_windows(self) -> Iterator[None]:
+        """With ``--d3s.optimizer_steps fixed_updates`` (and no dynamic batching, whose optimizer steps the replay
+        buffer plans), the windows of this rollout step: its kept rollouts in U optimizer steps per epoch, so
+        gas = local rollouts / (U x micro-batch size). DeepSpeed's gradient accumulation (its 1/gas loss scaling,
+        which upstream's normalisers undo) is that for the step, and each micro-batch sets whether it ends its
+        window: the engine's own boundary, a count of every micro-step of the run modulo gas, would fall mid-window
+        once gas has changed. Upstream's accumulation is restored after the step."""
+        config = config_from_args(self.args)
+        if config is None or config.optimizer_steps != "fixed_updates" or self.args.train.dynamic_batch_enable:
+            yield
+            return
+        batch = fixed_updates_batch(self.args, config, len(self.replay_buffer) * self.strategy.world_size)
+        if batch is None:
+            yield
+            return
+        engine, micro = self.actor.model, self.args.train.micro_batch_size
+        saved_batch, saved_gas = engine.train_batch_size(), self.strategy.accumulated_gradient
+        engine.set_train_batch_size(batch)
+        self.strategy.accumulated_gradient = batch // (micro * self.strategy.world_size)
+        self._d3s_window_ends = True
+        try:
+            yield
+        finally:
+            self._d3s_window_ends = False
+            engine.set_gradient_accumulation_boundary(None)
+            engine.set_train_batch_size(saved_batch)
+            self.strategy.accumulated_gradient = saved_gas
 
     def training_step(self, experience, kl_ctl: float, step: int, loss_batch_info: Optional[Dict] = None):
         rows = experience.info.pop(PG_MASK_KEY, None)
         window_norm = experience.__dict__.pop(PG_NORM_ATTR, None)
+        window_end = experience.__dict__.pop(WINDOW_END_ATTR, None)
+        if self._d3s_window_ends:
+            self.actor.model.set_gradient_accumulation_boundary(bool(window_end))
         if rows is None:
             if not chunked_logits_requested(self.args):
                 return super().training_step(experience, kl_ctl, step, loss_batch_info)

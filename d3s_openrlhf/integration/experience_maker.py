@@ -71,7 +71,7 @@ class D3SExperienceMaker(RemoteExperienceMaker):
             raise ValueError("D3SExperienceMaker needs a D3SConfig (d3s_config=... or args.d3s)")
         self.d3s = config
         self.group_size = self.args.rollout.n_samples_per_prompt
-        self.kept_unit = kept_count_unit(self.args)
+        self.kept_unit = kept_count_unit(self.args, config)
         if config.samples_enabled and self.advantage_estimator not in ADVANTAGE_ESTIMATORS:
             raise ValueError(
                 f"sample selection (--d3s.sample_rule {config.sample_rule}) needs a group estimator "

@@ -13,7 +13,8 @@ forwards is adapted here.
   the groups that run forwards on the kept rollouts (:func:`kept_forward_groups`) and the placement-group demand
   (:func:`gpu_demand`).
 * Kept counts: one rule (:func:`kept_rollout_count` over :func:`kept_count_unit`) for training, the LR horizon
-  (:func:`scaled_max_steps`) and the dry run (:func:`validate_against_host`).
+  (:func:`scaled_max_steps`) and the dry run (:func:`validate_against_host`); with ``--d3s.optimizer_steps
+  fixed_updates``, the optimizer batch of each rollout step (:func:`fixed_updates_count`).
 * Travel form: the config rides in the host args as ``args.d3s`` (:func:`config_namespace`,
   :func:`config_from_args`); the token mask rides in ``experience.info[PG_MASK_KEY]``.
 * Validation against the host flags (:func:`validate_against_host`), before Ray starts: one small check per
@@ -38,7 +39,7 @@ from types import SimpleNamespace
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from d3s_openrlhf.core.advantages import ADVANTAGE_ESTIMATORS
-from d3s_openrlhf.core.batching import kept_unit, legal_kept_count
+from d3s_openrlhf.core.batching import fixed_updates_unit, kept_unit, legal_kept_count, updates_per_rollout_step
 from d3s_openrlhf.core.config import FLAG_PREFIX, D3SConfig
 from d3s_openrlhf.integration.seams import swapped_globals
 
@@ -244,17 +245,50 @@ def gpu_demand(args) -> Optional[Dict[str, int]]:
 # ── kept counts ──
 
 
-def kept_count_unit(args) -> int:
+def kept_count_unit(args, config: D3SConfig) -> int:
     """Every kept-rollout count is a multiple of this (see ``d3s_openrlhf.core.batching``).
 
     Without dynamic batching the kept rollouts reach every forward group as kept / micro_batch_size micro-batches,
     which ``RayActorGroup`` splits into equal chunks only when their number is a multiple of the group's effective
     size (ZeRO-3 forwards are collectives: unequal chunks hang), so the unit counts the ranks of every such group.
-    With dynamic batching upstream plans the micro-batches itself (a multiple of the actor's size).
+    With dynamic batching upstream plans the micro-batches itself (a multiple of the actor's size). With fixed
+    updates, the optimizer batches of the U updates replace ``--train.batch_size`` in the unit.
     """
     dynamic = bool(args.train.dynamic_batch_enable)
     forward_ranks = data_parallel_size(args) if dynamic else math.lcm(*kept_forward_groups(args).values())
-    return kept_unit(args.train.batch_size, args.rollout.micro_batch_size, forward_ranks, dynamic)
+    return kept_unit(optimizer_unit(args, config), args.rollout.micro_batch_size, forward_ranks, dynamic)
+
+
+def optimizer_unit(args, config: D3SConfig) -> int:
+    """The multiple of kept rollouts that the optimizer steps of a rollout step need: ``--train.batch_size``, or with
+    fixed updates ``core.batching.fixed_updates_unit`` (U equal optimizer batches of whole micro-batches)."""
+    if config.optimizer_steps != "fixed_updates":
+        return args.train.batch_size
+    return fixed_updates_unit(
+        fixed_updates_count(args),
+        args.train.micro_batch_size,
+        data_parallel_size(args),
+        bool(args.train.dynamic_batch_enable),
+    )
+
+
+def fixed_updates_count(args) -> int:
+    """U: the optimizer steps per epoch that every rollout step takes with ``--d3s.optimizer_steps fixed_updates``,
+    those of a step training all B x G rollouts (:func:`check_fixed_updates` refuses a batch that is not whole
+    optimizer batches)."""
+    total = args.rollout.batch_size * args.rollout.n_samples_per_prompt
+    return updates_per_rollout_step(total, args.train.batch_size)
+
+
+def fixed_updates_batch(args, config: Optional[D3SConfig], kept: int) -> Optional[int]:
+    """The optimizer batch of a rollout step that trains ``kept`` rollouts (over all data-parallel ranks) with
+    ``--d3s.optimizer_steps fixed_updates``: kept / U. None with fixed batches, or for a batch that is not a multiple
+    of :func:`optimizer_unit` (a last partial batch, kept whole: trained as upstream would)."""
+    if config is None or config.optimizer_steps != "fixed_updates" or kept <= 0:
+        return None
+    if kept % optimizer_unit(args, config):
+        return None
+    return kept // fixed_updates_count(args)
 
 
 def kept_rollout_count(n: int, num_prompts: int, group_size: int, unit: int) -> int:
@@ -334,6 +368,9 @@ def scaled_max_steps(args, cfg: D3SConfig, max_steps: int, run_steps: int) -> in
     With fixed steps (:func:`fixed_steps`: skipping, or dynamic filtering with ``--d3s.schedule_steps``)
     the run trains exactly R = ``--d3s.schedule_steps`` full batches, cycling over the prompts, so the horizon is
     the formula's, uncapped (upstream's count assumes its passes).
+
+    With fixed updates every rollout step takes the U optimizer steps (per epoch) of a full batch, kept(s) = B x G
+    in the formula: upstream's ``max_steps``, or max_epochs x R x U at fixed steps.
     """
     if max_steps <= 0:
         return max_steps
@@ -343,9 +380,11 @@ def scaled_max_steps(args, cfg: D3SConfig, max_steps: int, run_steps: int) -> in
     elif not cfg.samples_enabled:
         return max_steps
     schedule = cfg.schedule_for(run_steps)
-    unit = kept_count_unit(args)
+    unit = kept_count_unit(args, cfg)
     batch, group = args.rollout.batch_size, args.rollout.n_samples_per_prompt
-    if cfg.samples_enabled:
+    if cfg.samples_enabled and cfg.optimizer_steps == "fixed_updates" and fixed is None:
+        return max_steps
+    if cfg.samples_enabled and cfg.optimizer_steps != "fixed_updates":
         kept_total = sum(kept_rollout_count(schedule.at(step)[0], batch, group, unit) for step in range(run_steps))
     else:
         kept_total = run_steps * batch * group
@@ -447,13 +486,15 @@ def installed_deepspeed() -> Optional[str]:
 
 @dataclass(frozen=True)
 class D3SPlan:
-    """What a validated configuration does with the host's batch: the rounding unit and kept counts per N."""
+    """What a validated configuration does with the host's batch: the rounding unit, and per N the kept count and
+    the optimizer steps (per epoch) that train it."""
 
     num_prompts: int
     group_size: int
     dp_size: int
     unit: int
     kept_by_n: Mapping[int, int] = field(default_factory=dict)
+    updates_by_n: Mapping[int, int] = field(default_factory=dict)
     notes: Tuple[str, ...] = ()
 
     @property
@@ -646,16 +687,51 @@ def check_selection_group_size(config: D3SConfig, args) -> Optional[str]:
     )
 
 
-def _unit_text(args) -> str:
+def _unit_text(args, config: D3SConfig) -> str:
     """How :func:`kept_count_unit` is made up, for messages."""
+    optimizer = f"--train.batch_size {args.train.batch_size}"
+    if config.optimizer_steps == "fixed_updates":
+        micro = "" if args.train.dynamic_batch_enable else f" x --train.micro_batch_size {args.train.micro_batch_size}"
+        optimizer = (
+            f"{optimizer_unit(args, config)} = U {fixed_updates_count(args)} updates{micro} x data-parallel size "
+            f"{data_parallel_size(args)} (--d3s.optimizer_steps fixed_updates)"
+        )
     if args.train.dynamic_batch_enable:
-        return f"lcm(--train.batch_size {args.train.batch_size}, data-parallel size {data_parallel_size(args)})"
+        return f"lcm({optimizer}, data-parallel size {data_parallel_size(args)})"
     ranks = " and ".join(f"{group} {size}" for group, size in kept_forward_groups(args).items())
     return (
-        f"lcm(--train.batch_size {args.train.batch_size}, --rollout.micro_batch_size "
+        f"lcm({optimizer}, --rollout.micro_batch_size "
         f"{args.rollout.micro_batch_size} x lcm of the data-parallel sizes of the groups that run forwards "
         f"on the kept rollouts: {ranks})"
     )
+
+
+def check_fixed_updates(config: D3SConfig, args) -> Optional[str]:
+    """With fixed updates, the rollout batch is whole optimizer batches (U exists), and the run's gradient
+    accumulation is what the actor changes per rollout step: DeepSpeed's, over the actor's data-parallel ranks."""
+    if config.optimizer_steps != "fixed_updates":
+        return None
+    total, batch = args.rollout.batch_size * args.rollout.n_samples_per_prompt, args.train.batch_size
+    if total % batch:
+        return (
+            f"--d3s.optimizer_steps fixed_updates takes the updates of a full batch at every step, B x G / "
+            f"--train.batch_size, but --rollout.batch_size {args.rollout.batch_size} x --rollout.n_samples_per_prompt "
+            f"{args.rollout.n_samples_per_prompt} = {total} is not a multiple of --train.batch_size {batch}; make "
+            "it one, or use --d3s.optimizer_steps fixed_batch"
+        )
+    if args.ds.ring_attn_size > 1 or args.ds.tensor_parallel_size > 1:
+        return (
+            f"--d3s.optimizer_steps fixed_updates with --ds.ring_attn_size {args.ds.ring_attn_size} / "
+            f"--ds.tensor_parallel_size {args.ds.tensor_parallel_size}: the per-step gradient accumulation is "
+            "tested over data-parallel ranks alone; use sizes 1, or --d3s.optimizer_steps fixed_batch"
+        )
+    if args.ds.adam_offload and args.ds.zero_stage in (1, 2):
+        return (
+            f"--d3s.optimizer_steps fixed_updates with --ds.adam_offload at --ds.zero_stage {args.ds.zero_stage}: "
+            "that ZeRO optimizer fixes its gradient accumulation when it is built, and fixed updates changes it "
+            "every rollout step; use --ds.zero_stage 3, no offload, or --d3s.optimizer_steps fixed_batch"
+        )
+    return None
 
 
 def check_kept_unit(config: D3SConfig, args) -> Optional[str]:
@@ -664,14 +740,17 @@ def check_kept_unit(config: D3SConfig, args) -> Optional[str]:
     sizes = kept_forward_groups(args)
     if not config.samples_enabled or any(size < 1 for size in sizes.values()):
         return None
-    unit, num_prompts, group_size = kept_count_unit(args), args.rollout.batch_size, args.rollout.n_samples_per_prompt
+    if check_fixed_updates(config, args) is not None:
+        return None  # the unit needs U, which that check refuses
+    unit, num_prompts = kept_count_unit(args, config), args.rollout.batch_size
+    group_size = args.rollout.n_samples_per_prompt
     total = num_prompts * group_size
     if total % unit == 0:
         return None
     return (
         f"the rollout batch of --rollout.batch_size {num_prompts} x --rollout.n_samples_per_prompt {group_size} "
-        f"= {total} rollouts is not a multiple of {unit} = {_unit_text(args)}, so kept counts cannot be split evenly "
-        "over the data-parallel ranks and micro-batches; change --rollout.batch_size, "
+        f"= {total} rollouts is not a multiple of {unit} = {_unit_text(args, config)}, so kept counts cannot be split "
+        "evenly over the data-parallel ranks and micro-batches; change --rollout.batch_size, "
         "--rollout.n_samples_per_prompt, --train.batch_size, --rollout.micro_batch_size or "
         + ", ".join(f"--{group}.num_nodes/--{group}.num_gpus_per_node" for group in sizes)
         + " (data-parallel size = nodes x GPUs / --ds.ring_attn_size / --ds.tensor_parallel_size)"
@@ -694,6 +773,7 @@ HOST_CHECKS: Tuple[HostCheck, ...] = (
     check_reward_micro_batches,
     check_estimator,
     check_selection_group_size,
+    check_fixed_updates,
     check_kept_unit,
 )
 """Every refusal of a D3S config with the host flags (any selection, or --d3s.chunked_logits alone), in the order
@@ -716,15 +796,19 @@ def validate_against_host(config: D3SConfig, host_args) -> D3SPlan:
     if reason is not None and (config.tokens_enabled or config.chunked_logits):
         notes.append(f"{reason}: the experience and training forwards build upstream's full logits at every step")
     num_prompts, group_size = host_args.rollout.batch_size, host_args.rollout.n_samples_per_prompt
-    dp, unit = data_parallel_size(host_args), kept_count_unit(host_args)
+    dp, unit = data_parallel_size(host_args), kept_count_unit(host_args, config)
     if not config.samples_enabled:
         return D3SPlan(num_prompts, group_size, dp, unit, notes=tuple(notes))
     total = num_prompts * group_size
     kept_by_n = {n: kept_rollout_count(n, num_prompts, group_size, unit) for n in config.n_values}
+    updates_by_n = {
+        n: kept // (fixed_updates_batch(host_args, config, kept) or host_args.train.batch_size)
+        for n, kept in kept_by_n.items()
+    }
     if all(kept == total for kept in kept_by_n.values()):
         notes.append(
-            f"every N of the schedule rounds up to all {total} rollouts (unit {unit} = {_unit_text(host_args)}): "
-            "sample selection never drops a rollout; lower --train.batch_size or --rollout.micro_batch_size, or "
-            "raise --rollout.batch_size"
+            f"every N of the schedule rounds up to all {total} rollouts (unit {unit} = "
+            f"{_unit_text(host_args, config)}): sample selection never drops a rollout; lower --train.batch_size or "
+            "--rollout.micro_batch_size, or raise --rollout.batch_size"
         )
-    return D3SPlan(num_prompts, group_size, dp, unit, kept_by_n, tuple(notes))
+    return D3SPlan(num_prompts, group_size, dp, unit, kept_by_n, updates_by_n, tuple(notes))

@@ -47,6 +47,10 @@ from d3s_openrlhf.integration.host import PG_MASK_KEY
 PG_NORM_ATTR = "d3s_pg_loss_norm"
 """Attribute that the window iterator sets on each training micro-batch: its window's kept-token normalisers."""
 
+WINDOW_END_ATTR = "d3s_window_end"
+"""Attribute that the window iterator sets on each training micro-batch: whether it is the last of its window (the
+optimizer step's gradient-accumulation boundary)."""
+
 _NORM_KEYS = ("batch_num_tokens", "global_batch_size")
 
 
@@ -183,7 +187,8 @@ class D3SPolicyLoss(PolicyLoss):
 
 def with_pg_window_norms(upstream_iter):
     """Wrap ``iter_grad_accum_global_norm`` so that each yielded micro-batch also carries its window's kept-token
-    normalisers (attribute ``d3s_pg_loss_norm``: ``{"batch_num_tokens", "global_batch_size"}``).
+    normalisers (attribute ``d3s_pg_loss_norm``: ``{"batch_num_tokens", "global_batch_size"}``) and whether it ends
+    its window (attribute ``d3s_window_end``).
 
     The upstream iterator is used as is (it defines the windows, including a trailing partial one, and its
     normalisers are yielded unchanged); it calls ``mask_fn`` on every item of a window before yielding the first
@@ -202,13 +207,16 @@ def with_pg_window_norms(upstream_iter):
             window_pg_masks.append(experience_pg_mask(item))
             return mask_fn(item)
 
-        pg_norm = None
+        pg_norm, left = None, 0
         for item, info in upstream_iter(data_iter, strategy, accumulated_gradient, collecting_mask_fn):
             if window_pg_masks:  # first item of a new window
                 norm = _optimizer_step_loss_norm(window_pg_masks, dp_group, dp_size, gas)
                 pg_norm = {key: norm[key] for key in _NORM_KEYS}
+                left = len(window_pg_masks)
                 window_pg_masks.clear()
+            left -= 1
             setattr(item, PG_NORM_ATTR, pg_norm)
+            setattr(item, WINDOW_END_ATTR, left == 0)
             yield item, info
 
     return iter_with_pg_norms

@@ -372,8 +372,9 @@ def test_dry_run_prints_the_resolved_config_and_schedule_without_ray(upstream_ru
     cli.main(["--d3s.preset", "d3s", "--d3s.n_final", "16", "--d3s.dry_run", *HOST])
     out = capsys.readouterr().out
     assert "--d3s.preset d3s" in out and "--d3s.n_final 16" in out
-    assert "p = 0.00:  N =   8  kept rollouts     64 / 128 (50.0%)  K = 0.0500" in out
-    assert "p = 1.00:  N =  16  kept rollouts    128 / 128 (100.0%)  K = 0.2000" in out
+    assert "optimizer steps (--d3s.optimizer_steps fixed_batch): per epoch of a rollout step, one per" in out
+    assert "p = 0.00:  N =   8  kept rollouts     64 / 128 (50.0%)  optimizer steps 2 x 32 rollouts  K = 0.0500" in out
+    assert "p = 1.00:  N =  16  kept rollouts    128 / 128 (100.0%)  optimizer steps 4 x 32 rollouts  K = 0.2000" in out
     assert upstream_runs == [] and not ray.is_initialized()
 
 
@@ -382,7 +383,7 @@ def test_dry_run_with_schedule_steps_prints_steps_the_run_trains(capsys):
     cli.main(["--d3s.preset", "d3s", "--d3s.n_final", "16", "--d3s.schedule_steps", "5", "--d3s.dry_run", *HOST])
     out = capsys.readouterr().out
     assert "over --d3s.schedule_steps 5" in out
-    points = re.findall(r"step +(\d+):  N = +(\d+)  kept rollouts +\d+ / 128 \([\d.]+%\)  K = ([\d.]+)", out)
+    points = re.findall(r"step +(\d+):  N = +(\d+)  kept rollouts +\d+ / 128 \([\d.]+%\)  .*  K = ([\d.]+)", out)
     assert [(int(step), int(n), float(k)) for step, n, k in points] == [
         (1, 8, 0.05),
         (2, 10, 0.0875),

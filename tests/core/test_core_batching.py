@@ -3,7 +3,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from d3s_openrlhf.core.batching import intra_counts, kept_unit, legal_kept_count
+from d3s_openrlhf.core.batching import (
+    fixed_updates_unit,
+    intra_counts,
+    kept_unit,
+    legal_kept_count,
+    updates_per_rollout_step,
+)
 
 PROPERTY = settings(max_examples=200, deadline=None)
 
@@ -74,6 +80,38 @@ def test_legal_counts_split_evenly_over_ranks_and_windows(windows, rollout_micro
         assert chunks * rollout_micro == kept
         per_rank_chunks = [len(range(rank, chunks, dp)) for rank in range(dp)]
         assert len(set(per_rank_chunks)) == 1
+
+
+@PROPERTY
+@given(
+    st.integers(1, 8),  # U: optimizer steps of a full batch
+    st.integers(1, 4),  # rollout micro batch size
+    st.integers(1, 4),  # data-parallel ranks
+    st.booleans(),
+    st.integers(1, 8),  # train micro batch size per rank
+    st.data(),
+)
+def test_fixed_updates_counts_split_into_the_full_batchs_updates(
+    updates, rollout_micro, dp, dynamic, train_micro, data
+):
+    unit = kept_unit(fixed_updates_unit(updates, train_micro, dp, dynamic), rollout_micro, dp, dynamic)
+    total = unit * data.draw(st.integers(1, 6))
+    kept = legal_kept_count(data.draw(st.integers(0, total)), total, unit)
+    batch = kept // updates
+    assert batch * updates == kept  # U equal optimizer batches, whatever the kept count
+    assert batch % dp == 0  # each the same number of rollouts on every rank
+    if not dynamic:
+        assert (batch // dp) % train_micro == 0  # of whole micro-batches: DeepSpeed's gas = batch / (micro x dp)
+
+
+def test_fixed_updates_unit_and_updates_rule():
+    assert updates_per_rollout_step(128, 32) == 4
+    assert fixed_updates_unit(4, 8, 1, False) == 32
+    assert fixed_updates_unit(4, 8, 2, True) == 8  # dynamic batching: upstream packs the micro-batches
+    with pytest.raises(ValueError, match="whole number of optimizer batches"):
+        updates_per_rollout_step(100, 32)
+    with pytest.raises(ValueError, match="dynamic_batch"):
+        fixed_updates_unit(4, 8, 1, 0)
 
 
 def test_legal_kept_count_examples():

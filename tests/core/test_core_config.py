@@ -108,7 +108,14 @@ BAD_VALUES = [
     ("stall_passes", 0, "an int >= 1"),
     ("stall_passes", 2.5, "an int >= 1"),
     ("stall_passes", True, "an int >= 1"),
+    ("optimizer_steps", "per_token", "one of fixed_batch, fixed_updates"),
 ]
+
+
+def test_fixed_updates_needs_sample_selection():
+    with pytest.raises(ValueError, match=r"--d3s.optimizer_steps='fixed_updates'.*--d3s.sample_rule none"):
+        D3SConfig(optimizer_steps="fixed_updates")
+    assert D3SConfig.from_flags({"preset": "pods", "optimizer_steps": "fixed_updates"}).samples_enabled
 
 
 @pytest.mark.parametrize("name, value, reason", BAD_VALUES)

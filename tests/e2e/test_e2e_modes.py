@@ -1,12 +1,13 @@
 """Real ``train_ppo_ray`` runs of the modes GPU users switch on for speed, with D3S, on the CPU runtime: dynamic
-batching (which packs samples: flash-attention 2 on the CPU stand-in; cross and intra scope),
-DAPO-style dynamic filtering, the chunked-logits forwards of PODS with GSPO and the KL loss, and a multi-turn agent.
-Same per-step assertions as tests/e2e/test_e2e_pipeline.py."""
+batching (which packs samples: flash-attention 2 on the CPU stand-in; cross and intra scope), fixed updates
+(``--d3s.optimizer_steps``), DAPO-style dynamic filtering, the chunked-logits forwards of PODS with GSPO and the KL
+loss, and a multi-turn agent. Same per-step assertions as tests/e2e/test_e2e_pipeline.py."""
 
 import dataclasses
 import json
 import math
 import os
+import re
 from fractions import Fraction
 from pathlib import Path
 
@@ -143,6 +144,41 @@ def test_dynamic_batching_two_ranks_zero3(fields, toy_sft, run_pipeline, assert_
     assert kept_unit(16, 8, 2, True) == kept_unit(16, 8, 2, False)
     helpers.assert_kept_counts(run, helpers.expected_schedule(fields, config, STEPS))
     assert_normalisers_are_kept_counts(probe_dir, ranks=2)
+
+
+# ── fixed updates ──
+
+
+def test_fixed_updates_takes_the_full_batchs_optimizer_steps(toy_sft, run_pipeline, assert_clean_run, tmp_path, capsys):
+    """--d3s.optimizer_steps fixed_updates on two ZeRO-3 ranks, two epochs: as N moves 2 -> 4 -> 6 of 8, every
+    rollout step takes the optimizer steps of a full batch, B x G / --train.batch_size = 8 per epoch (DeepSpeed's
+    gradient accumulation 1, 2, 3), the count the dry run printed, each on kept / 8 rollouts."""
+    from d3s_openrlhf.cli import train_ppo_ray as cli
+
+    fields = dict(CROSS, optimizer_steps="fixed_updates", schedule_steps=STEPS)
+    config = dataclasses.replace(
+        BASE,
+        actor_gpus=2,
+        zero_stage=3,
+        micro_batch_size=2,
+        extra=helpers.d3s_flags(**fields) + ["--train.max_epochs", "2"],
+    )
+    args = ppo_args(toy_sft, tmp_path, "fixed_updates", config)
+    cli.main([*map(str, args), "--d3s.dry_run"])
+    planned = {
+        int(step): (int(kept), int(updates))
+        for step, kept, updates in re.findall(
+            r"step +(\d+):  N = +\d+  kept rollouts +(\d+) / \d+ \([\d.]+%\)  optimizer steps (\d+) x",
+            capsys.readouterr().out,
+        )
+    }
+    assert planned == {1: (32, 8), 2: (64, 8), 3: (96, 8)}, planned
+    run = run_pipeline(pipeline.D3S_ENTRYPOINT, args, name="fixed_updates")
+    assert_clean_run(run, range(1, STEPS + 1))
+    for step, (kept, updates) in planned.items():
+        values = run.steps[step]
+        assert values["d3s/kept_rollouts"] == kept, (step, values)
+        assert values["d3s/optimizer_steps"] == 2 * updates, (step, values)  # two epochs
 
 
 # ── DAPO-style dynamic filtering ──

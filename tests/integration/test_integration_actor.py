@@ -10,6 +10,7 @@ OpenRLHF makes unconditionally (``torch.cuda.current_device/synchronize/empty_ca
 """
 
 import copy
+import dataclasses
 import math
 import os
 import re
@@ -652,6 +653,140 @@ def test_dynamic_batching_without_masks_is_upstream_bit_for_bit(model_dir, cpu_c
         trainer.ppo_train(0.0)
         runs.append(grads(actor))
     assert_grads_equal(runs[1], runs[0])
+
+
+# --------------------------------------------------------------------------------------------------------------
+# fixed updates (--d3s.optimizer_steps fixed_updates): a full batch's optimizer steps at every kept count
+
+# B 3 x G 4 = 12 rollouts, train batch 4: U = 3 updates a rollout step; micro-batches of 2: kept counts in units of 6
+FIXED_UPDATES_SIZES = dict(rollout__batch_size=3, rollout__n_samples_per_prompt=4, train__batch_size=4)
+FIXED_UPDATES = D3SConfig.from_flags({"preset": "d3s", "n_init": 1, "n_final": 4, "optimizer_steps": "fixed_updates"})
+
+
+class EngineStrategy(MiniStrategy):
+    """DeepspeedStrategy's backward and optimizer step: the DeepSpeed engine's (``actor.model``) own."""
+
+    world_size = 1
+
+    def backward(self, loss, model, optimizer):
+        model.model.backward(loss)
+
+    def optimizer_step(self, optimizer, model, scheduler, name=None):
+        model.model.step()
+
+
+class WindowStrategy(MiniStrategy):
+    """The reference: plain torch, one optimizer step per ``accumulated_gradient`` micro-batches."""
+
+    world_size = 1
+
+    def __init__(self, args, optimizer, scheduler):
+        super().__init__(args)
+        self.optimizer, self.scheduler, self.calls = optimizer, scheduler, 0
+
+    def optimizer_step(self, optimizer, model, scheduler, name=None):
+        self.calls += 1
+        if self.calls % self.accumulated_gradient == 0:
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad()
+
+
+def fixed_updates_trainer(model_dir, monkeypatch, stage):
+    """The D3S trainer with fixed updates over a real DeepSpeed engine (ZeRO ``stage``, SGD: its steps are exact),
+    built with upstream's gradient accumulation of train batch 4 / micro-batch 2 = 2."""
+    import deepspeed
+
+    from d3s_openrlhf.integration.host import config_namespace
+
+    for name, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1").items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(torch.nn.functional, "linear", torch.nn.functional.linear)  # ZeRO-3 replaces it
+    args = make_args(**FIXED_UPDATES_SIZES)
+    args.d3s = config_namespace(FIXED_UPDATES)
+    actor = load_actor(model_dir)
+    optimizer = torch.optim.SGD(actor.model.parameters(), lr=0.05)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    config = {
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 2,
+        "zero_optimization": {"stage": stage},
+        "zero_allow_untested_optimizer": True,
+        "gradient_clipping": 0.0,  # DeepSpeed clips at 1.0 by default; plain torch does not
+    }
+    engine, optimizer, _, scheduler = deepspeed.initialize(
+        model=actor.model, optimizer=optimizer, lr_scheduler=scheduler, config=config
+    )
+    actor.model = engine
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)  # NaiveReplayBuffer formats f"cuda:{device}"
+    trainer = D3SActorPPOTrainer(
+        EngineStrategy(args, gas=2),
+        actor,
+        None,
+        optimizer,
+        scheduler,
+        micro_train_batch_size=2,
+        dataloader_pin_memory=False,
+    )
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")
+    return actor, trainer
+
+
+def window_trainer(model_dir, monkeypatch):
+    """The reference: the D3S trainer with fixed batches, in plain torch, its window set per rollout step."""
+    actor = load_actor(model_dir)
+    optimizer = torch.optim.SGD(actor.model.parameters(), lr=0.05)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    strategy = WindowStrategy(make_args(**FIXED_UPDATES_SIZES), optimizer, scheduler)
+    return actor, make_trainer(D3SActorPPOTrainer, actor, strategy, monkeypatch)
+
+
+def engine_parameters(engine):
+    import deepspeed
+
+    parameters = list(engine.module.parameters())
+    with deepspeed.zero.GatheredParameters(parameters, enabled=hasattr(parameters[0], "ds_id")):
+        return [p.detach().clone() for p in parameters]
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
+@pytest.mark.parametrize("pg", ["random", None], ids=["token-mask", "samples-only"])
+def test_fixed_updates_trains_each_kept_count_in_the_full_batchs_updates(model_dir, cpu_cuda, stage, pg):
+    """Kept counts 6, 12, 6 of 12 (gas 1, 2, 1): 3 optimizer steps each, the same updates as plain torch stepping
+    every gas micro-batches. The engine's own boundaries (its micro-step count modulo gas) would fall mid-window at
+    the second step (6 micro-steps done, then windows of 2 from an odd count ... and back); DeepSpeed's accumulation
+    is upstream's again after every step."""
+    actor, trainer = fixed_updates_trainer(model_dir, cpu_cuda, stage)
+    reference_actor, reference = window_trainer(model_dir, cpu_cuda)
+    engine = actor.model
+    for step, (kept, seeds) in enumerate([(6, (70,)), (12, (71, 72)), (6, (73,))]):
+        experiences = [make_experience(reference_actor, seed=seed, rows=kept // len(seeds), pg=pg) for seed in seeds]
+        # the optimizer batch kept / U in micro-batches, its windows counted from the step's first micro-batch
+        reference.strategy.accumulated_gradient, reference.strategy.calls = kept // 3 // 2, 0
+        for model, train in ((actor, trainer), (reference_actor, reference)):
+            train.replay_buffer.clear()
+            for experience in experiences:
+                train.replay_buffer.append(copy.deepcopy(experience))
+            torch.manual_seed(step)  # the DataLoader's shuffle
+            status = train.ppo_train(0.0)
+            if train is trainer:
+                assert status["d3s/optimizer_steps"] == 3, (step, kept)
+                assert engine.gradient_accumulation_steps() == 2 and trainer.strategy.accumulated_gradient == 2
+        for got, expected in zip(engine_parameters(engine), reference_actor.model.parameters()):
+            torch.testing.assert_close(got, expected.detach(), rtol=1e-5, atol=1e-6, msg=lambda m: f"step {step}: {m}")
+    assert reference.strategy.scheduler.last_epoch == 9
+
+
+def test_fixed_updates_plans_the_full_batchs_dynamic_steps(model_dir, cpu_cuda):
+    from d3s_openrlhf.integration.host import config_namespace
+
+    # 2 prompts x 4 = 8 rollouts, train batch 4: U = 2 dynamic optimizer steps of kept / 2 rollouts each
+    actor, trainer = dynamic_setup(model_dir, cpu_cuda, D3SActorPPOTrainer)
+    trainer.args.d3s = config_namespace(dataclasses.replace(FIXED_UPDATES, n_final=2))
+    fill(trainer, actor, seeds=(30,))  # 4 kept: fixed batches would take 1 step
+    trainer.ppo_train(0.0)
+    assert sum(trainer.replay_buffer.dynamic_optimizer_step) == 2
+    assert trainer.args.train.batch_size == 4  # upstream's, after the step
 
 
 # --------------------------------------------------------------------------------------------------------------

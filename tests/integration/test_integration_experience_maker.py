@@ -496,7 +496,7 @@ def test_length_penalties_land_exactly_once(groups):
 def test_kept_counts_split_evenly_over_two_ranks(groups, scope, dynamic):
     flags = ("--train.dynamic_batch_enable", "--rollout.max_tokens_per_gpu", "20") if dynamic else ()
     args = host_args(*flags, group_size=4, prompts=3, train_batch=2, rollout_micro=2)
-    unit = kept_count_unit(args)
+    unit = kept_count_unit(args, D3SConfig())
     assert unit == (2 if dynamic else 4)  # lcm(2, dp 2) / lcm(2, 2 x dp 2)
     dp, per_rank_window = 2, 2 // 2  # train.batch_size / dp samples per rank per optimizer step
     maker = make_maker(groups, args, config(preset="d3s", sample_scope=scope))

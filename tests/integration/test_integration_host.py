@@ -5,6 +5,8 @@ horizon and the dry run), the loss terms that need every token, and upstream's `
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -119,15 +121,65 @@ def test_max_steps_with_dynamic_filtering_spans_the_schedule_steps():
 
 def test_kept_count_unit_counts_every_group_that_runs_forwards_on_the_kept_rollouts():
     # actor 2 ranks, micro-batch 1, train batch 8: lcm(8, 1 x 2) = 8
-    assert kept_count_unit(horizon_args()) == 8
+    assert kept_count_unit(horizon_args(), D3SConfig()) == 8
     # a reference model on 3 ranks: kept / 1 micro-batches must split over 2 and 3 ranks: lcm(8, 6) = 24
     args = horizon_args(algo__kl__init_coef=0.01, ref__num_gpus_per_node=3)
-    assert kept_count_unit(args) == 24
+    assert kept_count_unit(args, D3SConfig()) == 24
     # a critic on 4 ranks and micro-batches of 2: lcm(8, 2 x lcm(2, 4)) = 8
     args = horizon_args(critic__model_name_or_path="critic", critic__num_gpus_per_node=4, rollout__micro_batch_size=2)
-    assert kept_count_unit(args) == 8
+    assert kept_count_unit(args, D3SConfig()) == 8
     # with a KL coefficient of 0 the reference model does not exist
-    assert kept_count_unit(horizon_args(ref__num_gpus_per_node=3)) == 8
+    assert kept_count_unit(horizon_args(ref__num_gpus_per_node=3), D3SConfig()) == 8
+
+
+def test_fixed_updates_unit_lr_horizon_and_refusals():
+    fixed = D3SConfig(sample_rule="max_var", n_init=2, n_final=6, optimizer_steps="fixed_updates")
+    # B x G = 32, train batch 8: U = 4 updates; 2 ranks, micro-batch 1: each optimizer batch a multiple of 2
+    args = horizon_args(train__micro_batch_size=1)
+    assert host.fixed_updates_count(args) == 4
+    assert kept_count_unit(args, fixed) == 8  # lcm(4 x 1 x 2, rollout micro 1 x 2)
+    args = horizon_args(train__micro_batch_size=2)
+    assert kept_count_unit(args, fixed) == 16  # U 4 x micro 2 x dp 2: coarser than the train batch of 8
+    assert host.fixed_updates_batch(args, fixed, 16) == 4 and host.fixed_updates_batch(args, fixed, 32) == 8
+    assert host.fixed_updates_batch(args, fixed, 20) is None  # a partial batch kept whole: trained as upstream's
+    assert host.fixed_updates_batch(args, D3SConfig(sample_rule="max_var"), 16) is None  # fixed batches
+    # every rollout step takes the updates of a full batch: upstream's horizon, or epochs x S x U at fixed steps
+    assert scaled_max_steps(args, fixed, 40, 4) == 40
+    at_fixed_steps = dataclasses.replace(fixed, schedule_steps=3)
+    filtering = horizon_args(train__micro_batch_size=2, algo__dynamic_filtering_enable=True)
+    assert scaled_max_steps(filtering, at_fixed_steps, 10, 10) == 2 * 3 * 4
+
+
+@pytest.mark.parametrize(
+    "flags, fragment",
+    [
+        (["--rollout.batch_size", "3", "--train.batch_size", "16"], "is not a multiple of --train.batch_size 16"),
+        (["--ds.ring_attn_size", "2", "--actor.num_gpus_per_node", "2"], "--ds.ring_attn_size 2"),
+        (["--ds.adam_offload", "--ds.zero_stage", "2"], "--ds.adam_offload at --ds.zero_stage 2"),
+    ],
+    ids=["partial-updates", "ring-attention", "offloaded-zero2"],
+)
+def test_fixed_updates_refuses_what_it_cannot_run(flags, fragment):
+    base = ["--rollout.batch_size", "4", "--rollout.n_samples_per_prompt", "8", "--train.batch_size", "8"]
+    base += ["--train.micro_batch_size", "2", "--rollout.micro_batch_size", "2", "--reward.remote_url", "r.py"]
+    base += ["--algo.advantage.estimator", "group_norm", "--actor.num_gpus_per_node", "1", "--algo.kl.init_coef", "0"]
+    args = host.parse_host_args(base + flags)  # argparse: the later flag wins
+    config = D3SConfig.from_flags({"preset": "d3s", "n_init": 2, "n_final": 6, "optimizer_steps": "fixed_updates"})
+    with pytest.raises(host.D3SValidationError, match=re.escape(fragment)):
+        host.validate_against_host(config, args)
+    fixed_batch = dataclasses.replace(config, optimizer_steps="fixed_batch")
+    assert not [problem for problem in host.host_problems(fixed_batch, args) if "fixed_updates" in problem]
+
+
+def test_the_dry_run_plans_the_optimizer_steps_of_each_mode():
+    flags = ["--rollout.batch_size", "8", "--rollout.n_samples_per_prompt", "16", "--rollout.micro_batch_size", "8"]
+    flags += ["--train.batch_size", "32", "--train.micro_batch_size", "8", "--actor.num_gpus_per_node", "1"]
+    args = host.parse_host_args([*flags, "--algo.advantage.estimator", "group_norm", "--algo.kl.init_coef", "0"])
+    for mode, expected in (("fixed_batch", {4: 1, 8: 2, 12: 3}), ("fixed_updates", {4: 4, 8: 4, 12: 4})):
+        config = D3SConfig.from_flags({"preset": "d3s", "n_init": 4, "n_final": 12, "optimizer_steps": mode})
+        plan = host.validate_against_host(config, args)
+        assert {n: plan.updates_by_n[n] for n in expected} == expected, mode
+        assert {n: plan.kept_by_n[n] for n in expected} == {4: 32, 8: 64, 12: 96}, mode
 
 
 def test_rollout_steps_horizon():
@@ -142,7 +194,7 @@ def test_the_dry_run_plans_the_kept_counts_training_uses():
     args = host.parse_host_args([*flags, "--algo.advantage.estimator", "group_norm", "--reward.remote_url", "r.py"])
     config = D3SConfig.from_flags({"preset": "d3s", "n_init": 1, "n_final": 8})
     plan = host.validate_against_host(config, args)
-    unit = kept_count_unit(args)
+    unit = kept_count_unit(args, config)
     assert plan.unit == unit == 12
     assert dict(plan.kept_by_n) == {n: kept_rollout_count(n, 6, 8, unit) for n in range(1, 9)}
     assert plan.kept_by_n[1] == 12 and plan.kept_by_n[8] == 48
@@ -275,7 +327,7 @@ def test_skipping_trains_the_fixed_steps_and_the_lr_horizon_follows(preset):
         assert host.steps_unknown_in_advance(args, config) is None  # the steps are the fixed ones
         assert host.rollout_steps(12, args) == 30  # whatever the data and the episodes
     schedule = config.schedule_for(30)
-    unit = host.kept_count_unit(args)
+    unit = host.kept_count_unit(args, config)
     kept = [host.kept_rollout_count(schedule.at(step)[0], 4, 8, unit) for step in range(30)]
     if not config.samples_enabled:
         kept = [4 * 8] * 30
@@ -514,7 +566,12 @@ def test_a_generate_batch_below_the_rollout_batch_passes_where_d3s_counts_no_pro
 
 
 def test_every_host_check_has_a_case_of_its_own():
-    tested = {getattr(case[0], "func", case[0]) for case in CHECK_CASES} | {host.check_deepspeed}
+    # check_fixed_updates: its cases in test_fixed_updates_refuses_what_it_cannot_run (a config whose refusals need
+    # sample selection: CHECK_CASES' lifting test takes it away)
+    tested = {getattr(case[0], "func", case[0]) for case in CHECK_CASES} | {
+        host.check_deepspeed,
+        host.check_fixed_updates,
+    }
     assert {getattr(check, "func", check) for check in host.HOST_CHECKS} == tested
     # and every model group is checked by the per-group checks
     groups = [check.keywords["group"] for check in host.HOST_CHECKS if hasattr(check, "func")]
