@@ -67,7 +67,9 @@ def test_patched_upstream_entrypoint_runs_d3s(openrlhf_copy):
     assert apply(openrlhf_copy).returncode == 0
     result = run_patched(openrlhf_copy, "--d3s.preset", "d3s", "--d3s.n_final", "16", "--d3s.dry_run", *HOST)
     assert result.returncode == 0, result.stderr
-    assert "p = 1.00:  N =  16  kept rollouts    128 / 128 (100.0%)  K = 0.2000" in result.stdout
+    assert "p = 1.00:  N =  16  kept rollouts    128 / 128 (100.0%)  optimizer steps 4 x 32 rollouts  K = 0.2000" in (
+        result.stdout
+    )
 
     # bad D3S input is rejected by the plugin's validation, naming the flag, before any Ray work
     bad = run_patched(openrlhf_copy, "--d3s.preset", "d3s", "--d3s.k_init", "1.5", "--d3s.dry_run", *HOST)
