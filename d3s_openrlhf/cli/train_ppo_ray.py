@@ -66,7 +66,7 @@ def format_plan(config: D3SConfig, plan: Optional[D3SPlan], host_args=None, poin
             f"optimizer steps (--d3s.optimizer_steps {config.optimizer_steps}): per epoch of a rollout step, "
             + (
                 "those of the full batch, each on kept / that many rollouts"
-                if config.optimizer_steps == "fixed_updates"
+                if config.fixed_updates
                 else "one per --train.batch_size kept rollouts"
             )
         )

@@ -311,7 +311,7 @@ class D3SConfig:
                 "--algo.dynamic_filtering_enable too; to train exactly S steps turn D3S on (e.g. "
                 "--d3s.chunked_logits, which only computes the log-probs with less memory), or drop it",
             )
-        if not problems and self.optimizer_steps == "fixed_updates" and not self.samples_enabled:
+        if not problems and self.fixed_updates and not self.samples_enabled:
             bad(
                 "optimizer_steps",
                 "changes the optimizer batch of steps that keep fewer than all B*G rollouts, but without sample "
@@ -335,6 +335,12 @@ class D3SConfig:
     def samples_enabled(self) -> bool:
         """Whether sample-level selection runs (sample_rule != none)."""
         return self.sample_rule != "none"
+
+    @property
+    def fixed_updates(self) -> bool:
+        """Whether every rollout step takes the optimizer steps of a full batch (--d3s.optimizer_steps
+        fixed_updates), not one per --train.batch_size kept rollouts."""
+        return self.optimizer_steps == "fixed_updates"
 
     @property
     def tokens_enabled(self) -> bool:

@@ -86,12 +86,9 @@ class D3SActorPPOTrainer(MergedLoRASync, ppo_actor.ActorPPOTrainer):
         which upstream's normalisers undo) is that for the step, and each micro-batch sets whether it ends its
         window: the engine's own boundary, a count of every micro-step of the run modulo gas, would fall mid-window
         once gas has changed. Upstream's accumulation is restored after the step."""
-        config = config_from_args(self.args)
-        if config is None or config.optimizer_steps != "fixed_updates" or self.args.train.dynamic_batch_enable:
-            yield
-            return
-        batch = fixed_updates_batch(self.args, config, len(self.replay_buffer) * self.strategy.world_size)
-        if batch is None:
+        kept = len(self.replay_buffer) * self.strategy.world_size
+        batch = fixed_updates_batch(self.args, config_from_args(self.args), kept)
+        if batch is None or self.args.train.dynamic_batch_enable:
             yield
             return
         engine, micro = self.actor.model, self.args.train.micro_batch_size

@@ -262,7 +262,7 @@ def kept_count_unit(args, config: D3SConfig) -> int:
 def optimizer_unit(args, config: D3SConfig) -> int:
     """The multiple of kept rollouts that the optimizer steps of a rollout step need: ``--train.batch_size``, or with
     fixed updates ``core.batching.fixed_updates_unit`` (U equal optimizer batches of whole micro-batches)."""
-    if config.optimizer_steps != "fixed_updates":
+    if not config.fixed_updates:
         return args.train.batch_size
     return fixed_updates_unit(
         fixed_updates_count(args),
@@ -284,7 +284,7 @@ def fixed_updates_batch(args, config: Optional[D3SConfig], kept: int) -> Optiona
     """The optimizer batch of a rollout step that trains ``kept`` rollouts (over all data-parallel ranks) with
     ``--d3s.optimizer_steps fixed_updates``: kept / U. None with fixed batches, or for a batch that is not a multiple
     of :func:`optimizer_unit` (a last partial batch, kept whole: trained as upstream would)."""
-    if config is None or config.optimizer_steps != "fixed_updates" or kept <= 0:
+    if config is None or not config.fixed_updates or kept <= 0:
         return None
     if kept % optimizer_unit(args, config):
         return None
@@ -375,19 +375,17 @@ def scaled_max_steps(args, cfg: D3SConfig, max_steps: int, run_steps: int) -> in
     if max_steps <= 0:
         return max_steps
     fixed = fixed_steps(cfg, args)
+    full_batches = not cfg.samples_enabled or cfg.fixed_updates  # every step the updates of kept(s) = B x G
     if fixed is not None:
         run_steps = fixed
-    elif not cfg.samples_enabled:
+    elif full_batches:
         return max_steps
-    schedule = cfg.schedule_for(run_steps)
-    unit = kept_count_unit(args, cfg)
     batch, group = args.rollout.batch_size, args.rollout.n_samples_per_prompt
-    if cfg.samples_enabled and cfg.optimizer_steps == "fixed_updates" and fixed is None:
-        return max_steps
-    if cfg.samples_enabled and cfg.optimizer_steps != "fixed_updates":
-        kept_total = sum(kept_rollout_count(schedule.at(step)[0], batch, group, unit) for step in range(run_steps))
-    else:
+    if full_batches:
         kept_total = run_steps * batch * group
+    else:
+        schedule, unit = cfg.schedule_for(run_steps), kept_count_unit(args, cfg)
+        kept_total = sum(kept_rollout_count(schedule.at(step)[0], batch, group, unit) for step in range(run_steps))
     horizon = args.train.max_epochs * kept_total // args.train.batch_size
     return horizon if fixed is not None else min(max_steps, horizon)
 
@@ -690,7 +688,7 @@ def check_selection_group_size(config: D3SConfig, args) -> Optional[str]:
 def _unit_text(args, config: D3SConfig) -> str:
     """How :func:`kept_count_unit` is made up, for messages."""
     optimizer = f"--train.batch_size {args.train.batch_size}"
-    if config.optimizer_steps == "fixed_updates":
+    if config.fixed_updates:
         micro = "" if args.train.dynamic_batch_enable else f" x --train.micro_batch_size {args.train.micro_batch_size}"
         optimizer = (
             f"{optimizer_unit(args, config)} = U {fixed_updates_count(args)} updates{micro} x data-parallel size "
@@ -709,7 +707,7 @@ def _unit_text(args, config: D3SConfig) -> str:
 def check_fixed_updates(config: D3SConfig, args) -> Optional[str]:
     """With fixed updates, the rollout batch is whole optimizer batches (U exists), and the run's gradient
     accumulation is what the actor changes per rollout step: DeepSpeed's, over the actor's data-parallel ranks."""
-    if config.optimizer_steps != "fixed_updates":
+    if not config.fixed_updates:
         return None
     total, batch = args.rollout.batch_size * args.rollout.n_samples_per_prompt, args.train.batch_size
     if total % batch:

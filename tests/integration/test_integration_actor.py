@@ -81,6 +81,8 @@ def make_args(**overrides):
 class MiniStrategy:
     """What ActorPPOTrainer and PolicyModelActor use of DeepspeedStrategy, for one CPU process without DeepSpeed."""
 
+    world_size = 1
+
     def __init__(self, args, gas=1, device_mesh=None):
         self.args = args
         self.accumulated_gradient = gas
@@ -666,8 +668,6 @@ FIXED_UPDATES = D3SConfig.from_flags({"preset": "d3s", "n_init": 1, "n_final": 4
 class EngineStrategy(MiniStrategy):
     """DeepspeedStrategy's backward and optimizer step: the DeepSpeed engine's (``actor.model``) own."""
 
-    world_size = 1
-
     def backward(self, loss, model, optimizer):
         model.model.backward(loss)
 
@@ -677,8 +677,6 @@ class EngineStrategy(MiniStrategy):
 
 class WindowStrategy(MiniStrategy):
     """The reference: plain torch, one optimizer step per ``accumulated_gradient`` micro-batches."""
-
-    world_size = 1
 
     def __init__(self, args, optimizer, scheduler):
         super().__init__(args)
