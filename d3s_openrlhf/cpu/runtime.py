@@ -25,6 +25,8 @@ ENV_FLAG = patches.CPU_ENV
 SETUP_HOOK = "d3s_openrlhf.cpu.patches.apply"
 DEFAULT_FAKE_GPUS = 8
 DEFAULT_LOGICAL_CPUS = 32
+RAY_START_ATTEMPTS = 3
+RAY_START_TIMEOUT = "timed out during startup"  # Ray's message when the raylet missed its 30 s
 
 # Environment every Ray worker of the job gets (values already set in the driver win).
 WORKER_ENV_DEFAULTS = {
@@ -122,8 +124,7 @@ def activate(address=None, num_gpus=DEFAULT_FAKE_GPUS, num_cpus=None, object_sto
 
         os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
         ray_constants.ENABLE_RAY_CLUSTER = False
-        ray.init(
-            address="local",
+        init_local_ray(
             num_gpus=num_gpus,
             num_cpus=num_cpus or max(DEFAULT_LOGICAL_CPUS, os.cpu_count() or 1),
             object_store_memory=int(object_store_gb * 2**30),
@@ -139,6 +140,30 @@ def activate(address=None, num_gpus=DEFAULT_FAKE_GPUS, num_cpus=None, object_sto
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
         os.environ.setdefault(key, value)
     os.environ.setdefault("MASTER_PORT", str(_free_port()))
+
+
+def init_local_ray(**init_kwargs):
+    """``ray.init(address="local", **init_kwargs)``, tried up to :data:`RAY_START_ATTEMPTS` times. Ray gives a new
+    head's raylet a fixed 30 s to register with its GCS (``ray/_private/node.py``, not configurable in 2.55), which
+    a loaded machine can miss; the missed attempt's processes are stopped before the next. Other errors raise."""
+    import psutil
+    import ray
+
+    this = psutil.Process()
+    for attempt in range(1, RAY_START_ATTEMPTS + 1):
+        before = {child.pid for child in this.children(recursive=True)}
+        try:
+            return ray.init(address="local", **init_kwargs)
+        except Exception as error:
+            if RAY_START_TIMEOUT not in str(error) or attempt == RAY_START_ATTEMPTS:
+                raise
+        strays = [child for child in this.children(recursive=True) if child.pid not in before]
+        for child in strays:
+            try:
+                child.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(strays, timeout=30)
 
 
 def shutdown():

@@ -15,6 +15,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from d3s_openrlhf.cpu.runtime import RAY_START_ATTEMPTS, RAY_START_TIMEOUT
 from d3s_openrlhf.testbed.processes import command_line, marked_processes
 
 MARKER = "D3S_SMOKE_CLUSTER"
@@ -63,6 +64,10 @@ main()
 """
 
 
+class StartTimedOut(RuntimeError):
+    """A node of the cluster missed Ray's start-up wait."""
+
+
 @dataclass
 class Cluster:
     """A Ray cluster of ``nodes`` nodes on 127.0.0.1, each with ``gpus_per_node`` fake GPUs."""
@@ -92,7 +97,8 @@ class Cluster:
             self.log.write(done.stdout + done.stderr)
             self.log.flush()
         if done.returncode != 0:
-            raise RuntimeError(f"ray start {' '.join(args)} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+            error = StartTimedOut if RAY_START_TIMEOUT in done.stdout + done.stderr else RuntimeError
+            raise error(f"ray start {' '.join(args)} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
 
     def _node_ports(self):
         return [
@@ -111,32 +117,42 @@ class Cluster:
         ]
 
     def __enter__(self):
+        """Start the cluster; started again from nothing when a node missed Ray's fixed start-up wait (see
+        :func:`d3s_openrlhf.cpu.runtime.init_local_ray`), up to ``RAY_START_ATTEMPTS`` times."""
+        for attempt in range(1, RAY_START_ATTEMPTS + 1):
+            try:
+                self._start()
+                return self
+            except StartTimedOut:
+                self.stop()
+                if attempt == RAY_START_ATTEMPTS:
+                    raise
+            except BaseException:
+                self.stop()
+                raise
+
+    def _start(self):
         # short: Ray's Unix socket paths live under it (at most 107 characters)
         self.temp_dir = tempfile.mkdtemp(prefix="d3s-smoke-", dir="/tmp")
         gcs_port, dashboard_port = free_port(), free_port()
-        try:
-            self._ray(
-                *("--head", "--port", str(gcs_port)),
-                *self._node_ports(),
-                *("--include-dashboard", "true"),
-                *("--dashboard-host", "127.0.0.1"),
-                *("--dashboard-port", str(dashboard_port)),
-                *("--ray-client-server-port", str(free_port())),
-                *("--temp-dir", self.temp_dir),
-                "--disable-usage-stats",
-            )
-            # each node its own temp dir, as on separate machines: a joining node shares the head's by default, and
-            # two runtime-env agents unpacking the job's working_dir into one directory race (a job once imported
-            # from a half-unpacked checkout: "No module named d3s_openrlhf.integration.actor")
-            for node in range(1, self.nodes):
-                node_dir = os.path.join(self.temp_dir, f"n{node}")
-                self._ray("--address", f"127.0.0.1:{gcs_port}", *self._node_ports(), "--temp-dir", node_dir)
-        except BaseException:
-            self.stop()
-            raise
+        self._ray(
+            *("--head", "--port", str(gcs_port)),
+            *self._node_ports(),
+            *("--include-dashboard", "true"),
+            *("--dashboard-host", "127.0.0.1"),
+            *("--dashboard-port", str(dashboard_port)),
+            *("--ray-client-server-port", str(free_port())),
+            *("--temp-dir", self.temp_dir),
+            "--disable-usage-stats",
+        )
+        # each node its own temp dir, as on separate machines: a joining node shares the head's by default, and
+        # two runtime-env agents unpacking the job's working_dir into one directory race (a job once imported
+        # from a half-unpacked checkout: "No module named d3s_openrlhf.integration.actor")
+        for node in range(1, self.nodes):
+            node_dir = os.path.join(self.temp_dir, f"n{node}")
+            self._ray("--address", f"127.0.0.1:{gcs_port}", *self._node_ports(), "--temp-dir", node_dir)
         self.dashboard_address = f"http://127.0.0.1:{dashboard_port}"
         self.gcs_address = f"127.0.0.1:{gcs_port}"
-        return self
 
     def __exit__(self, *exc):
         self.stop()

@@ -52,3 +52,48 @@ def test_the_vllm_plugin_keeps_the_runtimes_attention_off_amx(runtime_on, expect
     probe = subprocess.run([sys.executable, "-c", ISA_PROBE], env=env, capture_output=True, text=True, timeout=300)
     assert probe.returncode == 0, probe.stderr[-3000:]
     assert probe.stdout.strip().splitlines()[-1] == expected
+
+
+def test_a_local_head_that_times_out_starting_is_started_again_and_its_processes_stopped(monkeypatch):
+    """Ray waits a fixed 30 s for its raylet to register; on a loaded machine (CI: two pytest processes on 2 cores)
+    the head can miss it. The attempt's processes go and a new head starts."""
+    import ray
+
+    attempts, strays = [], []
+
+    def init(**kwargs):
+        attempts.append(kwargs)
+        if len(attempts) == 1:
+            strays.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]))
+            raise Exception("The current node timed out during startup. This could happen because ...")
+
+    monkeypatch.setattr(ray, "init", init)
+    runtime.init_local_ray(num_cpus=2)
+    assert attempts == [{"address": "local", "num_cpus": 2}] * 2
+    assert strays[0].wait(timeout=10) is not None
+
+
+def test_a_local_head_fails_with_rays_error_after_the_last_attempt(monkeypatch):
+    import ray
+
+    def init(**kwargs):
+        raise Exception("The current node timed out during startup.")
+
+    monkeypatch.setattr(ray, "init", init)
+    with pytest.raises(Exception, match="timed out during startup"):
+        runtime.init_local_ray(num_cpus=2)
+
+
+def test_other_errors_of_a_local_head_are_not_retried(monkeypatch):
+    import ray
+
+    calls = []
+
+    def init(**kwargs):
+        calls.append(kwargs)
+        raise ValueError("num_gpus must be non-negative")
+
+    monkeypatch.setattr(ray, "init", init)
+    with pytest.raises(ValueError, match="non-negative"):
+        runtime.init_local_ray(num_gpus=-1)
+    assert len(calls) == 1

@@ -9,6 +9,7 @@ import pytest
 import ray
 import torch.distributed as dist
 
+from d3s_openrlhf.cpu import runtime
 from d3s_openrlhf.integration import liveness
 from d3s_openrlhf.testbed import ray_cluster
 
@@ -21,7 +22,7 @@ from actor_batches import point_cuda_at_cpu, write_tiny_llama  # noqa: E402
 @pytest.fixture(scope="module")
 def watch_ray():
     """A local Ray instance of its own for the liveness watches' tests (their actors are tiny)."""
-    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=150 * 1024**2)
+    runtime.init_local_ray(num_cpus=2, include_dashboard=False, object_store_memory=150 * 1024**2)
     yield
     ray.shutdown()
 

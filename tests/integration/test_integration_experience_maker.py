@@ -30,6 +30,7 @@ from openrlhf.trainer.ray.launcher import RayActorGroup
 from openrlhf.utils import get_strategy
 
 from d3s_openrlhf.core.config import D3SConfig
+from d3s_openrlhf.cpu import runtime
 from d3s_openrlhf.integration.experience_maker import D3SExperienceMaker
 from d3s_openrlhf.integration.host import PG_MASK_KEY, config_namespace, kept_count_unit, parse_host_args
 from d3s_openrlhf.integration.trainer import D3STrainerMixin
@@ -100,7 +101,7 @@ def _recording_actor_class():
 @pytest.fixture(scope="module")
 def groups():
     """Policy group (2 data-parallel ranks) and one auxiliary actor serving as reference and reward model."""
-    ray.init(address="local", num_cpus=3, num_gpus=3, include_dashboard=False, object_store_memory=150 * 1024**2)
+    runtime.init_local_ray(num_cpus=3, num_gpus=3, include_dashboard=False, object_store_memory=150 * 1024**2)
     actor_class = _recording_actor_class()
     policy = RayActorGroup(1, 2, actor_class)
     aux = RayActorGroup(1, 1, actor_class)

@@ -18,6 +18,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from d3s_openrlhf.core.config import D3SConfig
 from d3s_openrlhf.core.selection import step_generator
+from d3s_openrlhf.cpu import runtime
 from d3s_openrlhf.integration.host import config_namespace, parse_host_args
 from d3s_openrlhf.integration.samples_generator import (
     STATE_KEY,
@@ -34,7 +35,7 @@ FILTER = ("--algo.dynamic_filtering_enable", "--algo.dynamic_filtering_range", "
 
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=150 * 1024**2)
+    runtime.init_local_ray(num_cpus=2, include_dashboard=False, object_store_memory=150 * 1024**2)
     yield
     ray.shutdown()
 

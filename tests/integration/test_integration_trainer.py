@@ -16,6 +16,7 @@ import ray
 from openrlhf.utils import get_strategy
 
 from d3s_openrlhf.core.config import D3SConfig
+from d3s_openrlhf.cpu import runtime
 from d3s_openrlhf.integration.actor import D3SPolicyModelActor
 from d3s_openrlhf.integration.eval_metrics import PassAtKGenerateSamplesActor, PassAtKPPOTrainer, PassAtKPPOTrainerAsync
 from d3s_openrlhf.integration.host import config_from_args, config_namespace, parse_host_args, scaled_max_steps
@@ -42,7 +43,7 @@ def run_files(tmp_path_factory):
     ).save_pretrained(root / "tokenizer")
     prompts = root / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"input": f"w{i} w{i + 1}"}) + "\n" for i in range(10)))
-    ray.init(address="local", num_cpus=8, include_dashboard=False, object_store_memory=150 * 1024**2)
+    runtime.init_local_ray(num_cpus=8, include_dashboard=False, object_store_memory=150 * 1024**2)
     yield str(root / "tokenizer"), str(prompts)
     ray.shutdown()
 
