@@ -12,8 +12,6 @@ import uuid
 
 import pytest
 
-pytestmark = pytest.mark.e2e
-
 # A module run by the launcher: one GPU actor reports what a worker sees, then the module waits or fails.
 PROBE_MODULE = textwrap.dedent(
     """
@@ -85,6 +83,7 @@ def finish(process, lines, timeout=120):
     return "".join(lines) + output
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2) to list listening sockets")
 def test_worker_adjustments_loopback_head_and_clean_exit(tmp_path, run_processes):
     process, run_id, report, lines = start(tmp_path, "wait", run_processes.marker)
@@ -107,6 +106,7 @@ def test_worker_adjustments_loopback_head_and_clean_exit(tmp_path, run_processes
         assert run_processes.leftover(run_id, grace_s=30) == [], "processes outlived the launcher after Ctrl-C"
 
 
+@pytest.mark.e2e
 def test_error_in_module_stops_the_head(tmp_path, run_processes):
     process, run_id, report, lines = start(tmp_path, "fail", run_processes.marker)
     output = finish(process, lines)
