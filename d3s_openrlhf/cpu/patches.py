@@ -42,6 +42,11 @@ What is adjusted, and why:
   (``EADDRINUSE`` at ``init_process_group``, seen in a two-node launch-script smoke run). The replacement picks a
   free port below the ephemeral range (``/proc/sys/net/ipv4/ip_local_port_range``), which outgoing connections
   never take.
+- ``get_train_ds_config`` as ``openrlhf.utils.deepspeed.deepspeed`` reads it: an Adam or AdamW optimizer section
+  gets DeepSpeed's own ``torch_adam`` option (torch's AdamW, the same update), and ``build_shm_op`` in
+  ``deepspeed.comm.torch`` builds nothing (its shared-memory all-reduce serves AutoTP inference only; training's
+  collectives are torch.distributed's). DeepSpeed otherwise JIT-compiles its CPU Adam and that op, ~80 s of 2 cores,
+  for each new environment path: every clean clone of the suite, a user's first run on a fresh machine.
 
 vLLM's own processes (its engine core is a child of the Ray actor, which the setup hook does not reach) load
 :func:`apply_vllm` through vLLM's plugin entry point (``vllm.general_plugins``, declared in ``setup.py``). Under
@@ -293,6 +298,31 @@ def _patch_deepspeed_configs(module):
         setattr(module, name, fp32_config)
 
 
+# ------------------------------------------------------------------------------------------ deepspeed's ops
+def _torch_adam(upstream):
+    @functools.wraps(upstream)
+    def train_config(*args, **kwargs):
+        config = upstream(*args, **kwargs)
+        optimizer = config.get("optimizer")
+        if optimizer and optimizer.get("type", "").lower() in ("adam", "adamw"):
+            config["optimizer"] = {**optimizer, "params": {**optimizer.get("params", {}), "torch_adam": True}}
+        return config
+
+    return train_config
+
+
+def _patch_deepspeed_optimizer(module):
+    module.get_train_ds_config = _torch_adam(module.get_train_ds_config)
+
+
+def _no_shm_op():
+    return None
+
+
+def _patch_deepspeed_comm(module):
+    module.build_shm_op = _no_shm_op
+
+
 def _portable_attention_isa(upstream):
     @functools.wraps(upstream)
     def attention_isa(*args, **kwargs):
@@ -327,6 +357,8 @@ def apply():
     when_imported("flash_attn", _patch_flash_attn)
     when_imported("transformers.modeling_flash_attention_utils", _patch_transformers_flash_attention)
     when_imported("deepspeed.runtime.zero.partition_parameters", _patch_zero3_blocking_gather)
+    when_imported("openrlhf.utils.deepspeed.deepspeed", _patch_deepspeed_optimizer)
+    when_imported("deepspeed.comm.torch", _patch_deepspeed_comm)
     if fp32_requested():
         when_imported("openrlhf.utils.utils", _patch_dtype_conversion)
         when_imported("openrlhf.utils.deepspeed.deepspeed", _patch_deepspeed_configs)

@@ -4,6 +4,7 @@ sequential gather instead, one blocking all-gather per parameter. Here on one pr
 completes when waited on (the order gloo's thread pool may take); what the fault did on two ranks, and that the fix
 removes it, is the two-rank stress loop at the end of this file."""
 
+import json
 import os
 import subprocess
 import sys
@@ -163,3 +164,52 @@ def test_the_runtime_installs_the_master_port_where_openrlhfs_launcher_is_import
     probe = subprocess.run([sys.executable, "-c", LAUNCHER_PROBE], capture_output=True, text=True, timeout=300)
     assert probe.returncode == 0, probe.stderr[-3000:]
     assert probe.stdout.strip().splitlines()[-1] == "True True"
+
+
+# -- DeepSpeed without JIT-built ops -----------------------------------------------------------------------------------
+# DeepSpeed JIT-compiles its CPU Adam and shared-memory all-reduce (~80 s of 2 cores) for each new environment path:
+# every clean clone of the suite and a user's first run on a fresh machine. Under the runtime its Adam is torch's
+# (DeepSpeed's own `torch_adam` option) and the all-reduce op (AutoTP inference only) is not built.
+OPS_PROBE = """
+import json, os, sys
+from d3s_openrlhf.cpu import patches
+patches.apply()
+import torch
+import deepspeed
+from openrlhf.utils.deepspeed import deepspeed as strategy_module
+
+os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+adamw = {"type": "AdamW", "params": {"lr": 0.1, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.0}}
+muon = {"type": "Muon", "params": {"lr": 0.1}}
+config = strategy_module.get_train_ds_config(offload=False, adam_offload=sys.argv[2] == "1", stage=int(sys.argv[3]),
+                                             param_dtype="bf16", optim_config=adamw)
+config.update(train_micro_batch_size_per_gpu=1, gradient_accumulation_steps=1, bf16={"enabled": False})
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 3)
+engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+weight = engine.module.weight.detach().clone()
+engine.backward(engine(torch.ones(2, 4)).sum())
+engine.step()
+print(json.dumps({
+    "optimizer": type(engine.basic_optimizer).__name__,
+    "moved": not torch.equal(weight, engine.module.weight.detach()),
+    "muon": strategy_module.get_train_ds_config(offload=False, optim_config=muon)["optimizer"],
+    "adamw": adamw,
+    "built": sorted(os.listdir(os.environ["TORCH_EXTENSIONS_DIR"])),
+}))
+"""
+
+
+@pytest.mark.parametrize("adam_offload, stage", [(False, 2), (True, 2), (False, 3)], ids=["zero2", "offload", "zero3"])
+def test_deepspeed_trains_with_torchs_adam_and_builds_no_op(tmp_path, adam_offload, stage):
+    env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(tmp_path))
+    args = [str(patches.free_master_port()), str(int(adam_offload)), str(stage)]
+    probe = subprocess.run(
+        [sys.executable, "-c", OPS_PROBE, *args], env=env, capture_output=True, text=True, timeout=600
+    )
+
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    result = json.loads(probe.stdout.strip().splitlines()[-1])
+    assert result["optimizer"] == "AdamW" and result["moved"] and result["built"] == []
+    assert result["muon"] == {"type": "Muon", "params": {"lr": 0.1}}  # only Adam has the option
+    assert "torch_adam" not in result["adamw"]["params"]  # the caller's dict is left as it was
