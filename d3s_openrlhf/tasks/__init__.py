@@ -23,7 +23,7 @@ import os
 import sys
 
 SPLITS = ("sft", "rl", "heldout")
-DEFAULT_TASK = "d3s_openrlhf.tasks.addition"
+DEFAULT_TASK = "d3s_openrlhf.tasks.addition"  # the testbed's (the end-to-end runs'); the demo's: chainsum
 EOS = "</s>"
 
 

@@ -1,4 +1,5 @@
-"""The built-in default task: integer addition ``"12+7="`` -> ``"19"``, operands 0..29, exact-match reward.
+"""The testbed's default task (``tasks.DEFAULT_TASK``, the end-to-end tests' toy runs): integer addition
+``"12+7="`` -> ``"19"``, operands 0..29, exact-match reward.
 
 Responses are at most 3 digits (plus EOS) and the SFT target is the exact answer. The split boundaries are fixed
 (sft: the first 420 of a seeded permutation of the 900 problems, rl: the next 400, heldout: the last 80), so the

@@ -1,17 +1,38 @@
-"""Held-out evaluation of a checkpoint under a task's reward, with transformers' ``generate`` (no Ray, no vLLM)."""
+"""Held-out evaluation of a checkpoint under a task's reward, with transformers' ``generate`` (no Ray, no vLLM), and
+the intervals the demo prints with it."""
 
 import json
+import math
+
+import numpy as np
 
 from d3s_openrlhf import tasks
-from d3s_openrlhf.core.pass_at_k import is_correct, mean_pass_at_k
+from d3s_openrlhf.core.pass_at_k import is_correct, pass_at_k
+
+Z_95 = 1.959964  # the standard normal's 97.5% quantile: a two-sided 95% interval
 
 
 def heldout_accuracy(model_path, heldout_path, samples=8, seed=0, task=tasks.DEFAULT_TASK, max_new_tokens=4):
-    """Held-out accuracy under ``task``'s reward: ``greedy``; ``sampled``, the unbiased pass@1 of ``samples``
-    responses per prompt at temperature 1 (as in training), and ``pass@<samples>``, both from
-    :mod:`d3s_openrlhf.core.pass_at_k` (the estimator and correctness rule of ``d3s_openrlhf.cli.evaluate``); with
-    ``entropy``, the mean per-token entropy (nats) of the policy over the sampled response tokens. ``samples=0``:
-    ``greedy`` alone."""
+    """Held-out accuracy under ``task``'s reward, the means over prompts of :func:`heldout_scores`: ``greedy``;
+    ``sampled`` and ``pass@<samples>``; ``entropy``. ``samples=0``: ``greedy`` alone."""
+    scores = heldout_scores(model_path, heldout_path, samples, seed, task, max_new_tokens)
+    return {key: value if key == "entropy" else float(np.mean(value)) for key, value in scores.items()}
+
+
+def interval(values, z=Z_95):
+    """``(mean, half-width)`` of the normal-approximation interval of the mean of per-prompt ``values`` (P,):
+    ``z`` standard errors, the sample standard deviation over sqrt(P) (half-width 0 for one prompt)."""
+    values = np.asarray(values, dtype=np.float64)
+    half = z * values.std(ddof=1) / math.sqrt(values.size) if values.size > 1 else 0.0
+    return float(values.mean()), float(half)
+
+
+def heldout_scores(model_path, heldout_path, samples=8, seed=0, task=tasks.DEFAULT_TASK, max_new_tokens=4):
+    """Per-prompt held-out scores under ``task``'s reward, each (P,) in the held-out file's order: ``greedy``
+    (1.0 right, 0.0 wrong); ``sampled``, the unbiased pass@1 of ``samples`` responses per prompt at temperature 1
+    (as in training), and ``pass@<samples>``, both from :mod:`d3s_openrlhf.core.pass_at_k` (the estimator and
+    correctness rule of ``d3s_openrlhf.cli.evaluate``); with ``entropy``, the mean per-token entropy (nats) of the
+    policy over the sampled response tokens (one number). ``samples=0``: ``greedy`` alone."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -55,11 +76,11 @@ def heldout_accuracy(model_path, heldout_path, samples=8, seed=0, task=tasks.DEF
 
     greedy, _ = evaluate(False, 1)
     if not samples:
-        return {"greedy": mean_pass_at_k(1, greedy, 1)}
+        return {"greedy": pass_at_k(1, greedy, 1)}
     sampled, entropy = evaluate(True, samples)
     return {
-        "greedy": mean_pass_at_k(1, greedy, 1),
-        "sampled": mean_pass_at_k(samples, sampled, 1),
-        f"pass@{samples}": mean_pass_at_k(samples, sampled, samples),
+        "greedy": pass_at_k(1, greedy, 1),
+        "sampled": pass_at_k(samples, sampled, 1),
+        f"pass@{samples}": pass_at_k(samples, sampled, samples),
         "entropy": entropy,
     }

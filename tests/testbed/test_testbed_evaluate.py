@@ -1,7 +1,10 @@
 """The CPU studies' held-out evaluation reports pass@1 (``sampled``) and pass@<samples> through core.pass_at_k."""
 
 import itertools
+import math
+import statistics
 
+import numpy as np
 import pytest
 
 from d3s_openrlhf.tasks import addition
@@ -33,6 +36,26 @@ def test_heldout_accuracy_reports_unbiased_pass_at_k(tmp_path, monkeypatch):
     per_prompt = [[sampled[r * 3 + p] for r in range(4)] for p in range(3)]
     assert result["sampled"] == pytest.approx(sum(brute_force(o, 1) for o in per_prompt) / 3)
     assert result["pass@4"] == pytest.approx(sum(brute_force(o, 4) for o in per_prompt) / 3)
+
+
+def test_heldout_scores_are_per_prompt_in_the_files_order(tmp_path, monkeypatch):
+    model = toy.save_model_and_tokenizer(str(tmp_path / "model"))
+    rows = [{"input": e["prompt"], "label": e["answer"]} for e in addition.make_examples("heldout", 3, 0)]
+    heldout = toy.write_jsonl(str(tmp_path / "heldout.jsonl"), rows)
+    # prompt 1 is always right, the others never
+    monkeypatch.setattr(evaluate.tasks, "score", lambda task, response, label: float(label == rows[1]["label"]))
+    scores = evaluate.heldout_scores(model, heldout, samples=2)
+    for key in ("greedy", "sampled", "pass@2"):
+        assert scores[key].tolist() == [0.0, 1.0, 0.0]
+    assert evaluate.heldout_accuracy(model, heldout, samples=2)["greedy"] == pytest.approx(1 / 3)
+
+
+@pytest.mark.parametrize("values", [[1.0, 0.0, 1.0, 1.0], [0.25, 0.5, 0.125], [0.0] * 5, [0.7]])
+def test_the_interval_is_the_mean_and_1_96_standard_errors(values):
+    mean, half = evaluate.interval(np.array(values))
+    assert mean == pytest.approx(statistics.fmean(values))
+    expected = 1.959964 * statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0
+    assert half == pytest.approx(expected)
 
 
 def test_no_samples_is_greedy_alone(tmp_path, monkeypatch):
