@@ -140,9 +140,9 @@ def plot(steps, heldout, path, title, task):
     import matplotlib.pyplot as plt
 
     x = [s["step"] for s in steps]
-    figure, reward_axis = plt.subplots(figsize=(7, 4))
+    figure, reward_axis = plt.subplots(figsize=(7, 4.5))
     rewards = [s["reward"] for s in steps]
-    reward_axis.plot(x, rewards, "o", color="tab:blue", alpha=0.45, label="rollout reward (task's reward)")
+    reward_axis.plot(x, rewards, "o", markersize=3, color="tab:blue", alpha=0.4, label="rollout reward (task's reward)")
     window = [rewards[max(0, i - 4) : i + 1] for i in range(len(rewards))]
     reward_axis.plot(x, [sum(w) / len(w) for w in window], "-", color="tab:blue", label="reward, 5-step mean")
     # the SFT model before step 1, the RL model after the last step
@@ -151,26 +151,33 @@ def plot(steps, heldout, path, title, task):
         [0, x[-1]],
         [g["mean"] for g in greedy],
         yerr=[g["ci95"] for g in greedy],
-        fmt="D--",
+        fmt="D",
         color="tab:red",
         capsize=4,
-        label=f"held-out greedy accuracy ({heldout['prompts']} prompts, 95% interval)",
+        label=f"held-out greedy accuracy, before and after RL ({heldout['prompts']} prompts, 95% interval)",
     )
     reward_axis.set_xlabel("RL step")
     reward_axis.set_ylabel("mean reward / accuracy")
-    reward_axis.set_ylim(0, 1)
+    reward_axis.set_ylim(0, 1.02)
     fraction_axis = reward_axis.twinx()
-    fraction_axis.plot(x, [s["kept_rollout_frac"] for s in steps], "s--", color="tab:orange", label="kept rollouts")
+    fraction_axis.plot(x, [s["kept_rollout_frac"] for s in steps], "-", color="tab:orange", label="kept rollouts")
     if all(s["kept_token_frac"] is not None for s in steps):
-        fraction_axis.plot(x, [s["kept_token_frac"] for s in steps], "^--", color="tab:green", label="kept tokens")
+        fraction_axis.plot(x, [s["kept_token_frac"] for s in steps], "-", color="tab:green", label="kept tokens")
     fraction_axis.set_ylabel("kept fraction")
-    fraction_axis.set_ylim(0, 1)
+    fraction_axis.set_ylim(0, 1.02)
     handles, labels = reward_axis.get_legend_handles_labels()
     lines = fraction_axis.get_lines()
-    reward_axis.legend(handles + lines, labels + [line.get_label() for line in lines], loc="lower right", fontsize=7)
+    reward_axis.legend(
+        handles + lines,
+        labels + [line.get_label() for line in lines],
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.14),
+        ncol=2,
+        fontsize=7,
+        frameon=False,
+    )
     reward_axis.set_title(f"{title} on {task} (CPU)", fontsize=10)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    figure.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(figure)
 
 
