@@ -1,4 +1,4 @@
-"""The built-in default job: the whole pipeline on a toy verifiable task, on CPU, in about ten minutes.
+"""The built-in default job: the whole pipeline on a toy verifiable task, on CPU (about 7 minutes on 2 cores).
 
     python -m d3s_openrlhf.cli.demo --out DIR
 
