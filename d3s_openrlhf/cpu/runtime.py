@@ -95,7 +95,8 @@ def _worker_env():
     return env
 
 
-def _free_port():
+def free_port():
+    """A TCP port on 127.0.0.1 that nothing listens on."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -139,7 +140,7 @@ def activate(address=None, num_gpus=DEFAULT_FAKE_GPUS, num_cpus=None, object_sto
     # started, so that Ray's own processes do not inherit them.
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
         os.environ.setdefault(key, value)
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
 
 
 def init_local_ray(**init_kwargs):

@@ -7,7 +7,6 @@ PID when the cluster is left (``processes``; ``ray stop`` would stop other users
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -15,17 +14,10 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from d3s_openrlhf.cpu.runtime import RAY_START_ATTEMPTS, RAY_START_TIMEOUT
+from d3s_openrlhf.cpu.runtime import RAY_START_ATTEMPTS, RAY_START_TIMEOUT, free_port
 from d3s_openrlhf.testbed.processes import command_line, marked_processes
 
 MARKER = "D3S_SMOKE_CLUSTER"
-
-
-def free_port():
-    """A TCP port on 127.0.0.1 that nothing listens on."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def ray_environment(cluster_id, checkout):

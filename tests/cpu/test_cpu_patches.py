@@ -207,7 +207,6 @@ def test_deepspeed_trains_with_torchs_adam_and_builds_no_op(tmp_path, adam_offlo
     probe = subprocess.run(
         [sys.executable, "-c", OPS_PROBE, *args], env=env, capture_output=True, text=True, timeout=600
     )
-
     assert probe.returncode == 0, probe.stderr[-3000:]
     result = json.loads(probe.stdout.strip().splitlines()[-1])
     assert result["optimizer"] == "AdamW" and result["moved"] and result["built"] == []
