@@ -1,136 +1,128 @@
-"""Time of one merged LoRA weight sync (the actor side of ``broadcast_to_vllm``) per training step, on CPU.
+"""The LoRA sync on the CPU runtime's real vLLM engine: how much of a small update reaches the engine, what a sync
+costs, and what serving the adapter costs in generation; the adapter sync against the merged sync it replaced.
 
-Real: upstream's ``ActorPPOTrainer.broadcast_to_vllm`` through our ``LoRASyncActorPPOTrainer``, a PEFT all-linear
-LoRA model, the CPU runtime's gloo weight transport (``cpu/weight_sync.py``) to one engine in its own Ray actor,
-a one-rank gloo group for the barrier, prefix caching on (one Ray call to the engine per reset). Stand-in: the
-engine receives each weight into a buffer instead of loading it into vLLM (that load is the same whatever the
-sync's shape), and answers ``reset_prefix_cache`` at once. ZeRO-2 (one rank): no gathering.
+    flock /tmp/d3s-heavy.lock .venv/bin/python benchmarks/bench_lora_sync.py            # this tree: adapter
+    git worktree add /tmp/merged 56709c2                                                  # the merged sync's tree
+    flock /tmp/d3s-heavy.lock env PYTHONPATH=/tmp/merged .venv/bin/python benchmarks/bench_lora_sync.py
 
-Models: the testbed's toy model (2 layers, 14 adapted layers) and a narrow Llama with 28 layers (196 adapted
-layers, a 7B model's count under all-linear). Before/after: run the script with PYTHONPATH on each tree:
+The measuring code is this tree's (``testbed/sync_check.py``, loaded by path); the sync and the engine are the
+package's on ``PYTHONPATH``, and the label (``adapter``, ``merged``) says which sync that package has. Writes
+benchmarks/results/lora_sync_<label>.json.
 
-    git archive 448e71a | tar -x -C /tmp/before          # the per-layer sync
-    flock /tmp/d3s-heavy.lock env PYTHONPATH=/tmp/before python benchmarks/bench_lora_sync.py --label before
-    flock /tmp/d3s-heavy.lock env PYTHONPATH=$PWD python benchmarks/bench_lora_sync.py --label after
-
-Each writes benchmarks/results/lora_sync_<label>.json (median and min over --syncs syncs after one warm-up).
+For each model, all-linear LoRA of rank 16 in bf16, one engine, ZeRO-0 on one rank:
+- the share of an update's effect on the trainer's prompt log-probs (its unmerged forward) that reaches the
+  engine's, for a fresh adapter whose update has std 1e-5 (RL's early steps) and 1e-4;
+- seconds per sync (the trainer's ``broadcast_to_vllm``, which returns once the engine holds the new policy),
+  median and min over ``--syncs`` after one warm-up;
+- generation throughput after a sync: ``--requests`` requests of ``--tokens`` sampled tokens each (EOS ignored),
+  generated tokens per second, median of 3 rounds after a warm-up.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import os
-import socket
 import statistics
+import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace as NS
-
-import ray
-import torch
-import torch.distributed as dist
 
 from bench_selection import cpu_model  # benchmarks/ is sys.path[0] when this file runs
 
-
-def _free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+HERE = Path(__file__).resolve().parent
+RANK = 16
+UPDATE_STDS = (1e-5, 1e-4)
 
 
-@ray.remote(num_cpus=0)
-class Engine:
-    """The engine side of the transport: receives every broadcast weight, resets nothing."""
-
-    def __init__(self, port):
-        from d3s_openrlhf.cpu.weight_sync import GlooBroadcastGroup
-
-        self.group = GlooBroadcastGroup("127.0.0.1", port, 1, 2)
-        self.received = []
-
-    def update_weight(self, name, dtype, shape, empty_cache=False):
-        weight = torch.empty(shape, dtype=dtype)
-        self.group.broadcast(weight, src=0)
-        self.received.append(name)
-        if empty_cache:
-            self.received = []
-
-    def reset_prefix_cache(self):
-        return None
+def load_sync_check():
+    """This tree's ``testbed/sync_check.py`` as a module, whatever package ``d3s_openrlhf`` imports from."""
+    spec = importlib.util.spec_from_file_location("sync_check", HERE.parent / "d3s_openrlhf/testbed/sync_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def models():
-    import peft
-    from transformers import LlamaConfig, LlamaForCausalLM
-
+def shapes():
     from d3s_openrlhf.testbed import toy
 
-    toy_model = toy.build_model(toy.build_tokenizer())
-    config = LlamaConfig(
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=28,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        tie_word_embeddings=True,
-    )
-    many = LlamaForCausalLM(config).to(torch.bfloat16)
+    return {
+        "toy (2 layers, hidden 128)": toy.ModelShape(),
+        "8 layers, hidden 512": toy.ModelShape(
+            hidden_size=512, num_layers=8, num_heads=8, head_dim=64, intermediate_size=1536, max_positions=128
+        ),
+    }
 
-    def lora():  # PEFT resolves all-linear into the config it is given: one config per model
-        return peft.LoraConfig(task_type=peft.TaskType.CAUSAL_LM, r=8, lora_alpha=16, target_modules="all-linear")
 
-    return {"toy (2 layers)": peft.get_peft_model(toy_model, lora()), "28 layers": peft.get_peft_model(many, lora())}
+def measure(check, engine_swaps, model_dir, options):
+    import ray
+    from vllm import SamplingParams
+
+    prompts = check.prompt_token_ids(model_dir)
+    result = {"effect_share": {}}
+    with check.engine_and_trainer(model_dir, RANK, engine_swaps) as (engine, trainer, model):
+        for seed, std in enumerate(UPDATE_STDS, 1):
+            engine_before = check.logprobs(prompts, lambda ids: check.engine_prompt_logprobs(engine, ids))
+            trainer_before = check.logprobs(prompts, lambda ids: check.trainer_prompt_logprobs(model, ids))
+            check.set_lora_update(model, seed=seed, std=std)
+            target = check.logprobs(prompts, lambda ids: check.trainer_prompt_logprobs(model, ids))
+            trainer.broadcast_to_vllm()
+            after = check.logprobs(prompts, lambda ids: check.engine_prompt_logprobs(engine, ids))
+            result["effect_share"][f"{std:g}"] = check.effect_share(after - engine_before, target - trainer_before)
+        seconds = []
+        for sync in range(options.syncs + 1):
+            check.set_lora_update(model, seed=100 + sync, std=1e-4)
+            start = time.perf_counter()
+            trainer.broadcast_to_vllm()
+            seconds.append(time.perf_counter() - start)
+        result["sync_median_s"], result["sync_min_s"] = statistics.median(seconds[1:]), min(seconds[1:])
+        params = SamplingParams(max_tokens=options.tokens, ignore_eos=True, temperature=1.0, seed=0)
+        rates = []
+        for _ in range(4):
+            start = time.perf_counter()
+            requests = [engine.generate.remote(prompts[i % len(prompts)], params) for i in range(options.requests)]
+            outputs = ray.get(requests)
+            tokens = sum(len(output.outputs[0].token_ids) for output in outputs)
+            rates.append(tokens / (time.perf_counter() - start))
+        result["tokens_per_s"] = statistics.median(rates[1:])
+    return result
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--label", required=True)
     parser.add_argument("--syncs", type=int, default=10)
-    args = parser.parse_args()
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--tokens", type=int, default=32)
+    options = parser.parse_args()
 
-    from d3s_openrlhf.integration.lora_sync import LoRASyncActorPPOTrainer, lora_layers
+    from d3s_openrlhf.testbed import toy
 
-    torch.cuda.synchronize = lambda *a, **k: None  # what the CPU runtime's stand-ins do
-    torch.cuda.current_stream = lambda *a, **k: None
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    from d3s_openrlhf.cpu.weight_sync import GlooBroadcastGroup
+    check = load_sync_check()
+    if importlib.util.find_spec("d3s_openrlhf.integration.lora_engine") is not None:
+        from d3s_openrlhf.integration.swaps import lora_engine_swaps
 
-    port = _free_port()
-    engine = Engine.remote(port)
-    group = GlooBroadcastGroup("127.0.0.1", port, 0, 2)
-    ray.get(engine.__ray_ready__.remote())
-
+        label, engine_swaps = "adapter", lambda: lora_engine_swaps(RANK)
+    else:  # a tree before the adapter sync: its engine serves merged weights
+        label, engine_swaps = "merged", tuple
     results = {}
-    for name, model in models().items():
-        trainer = object.__new__(LoRASyncActorPPOTrainer)
-        trainer.actor = NS(model=NS(module=model), is_vlm=False)
-        trainer.strategy = NS(
-            args=NS(
-                ds=NS(zero_stage=2, tensor_parallel_size=1), vllm=NS(enable_prefix_caching=True, sync_with_ray=False)
-            )
-        )
-        trainer.vllm_engines, trainer._model_update_group, trainer.use_cuda_ipc = [engine], group, False
-        times = []
-        for _ in range(args.syncs + 1):
-            start = time.perf_counter()
-            trainer.broadcast_to_vllm()
-            times.append(time.perf_counter() - start)
-        results[name] = {
-            "adapted_layers": len(lora_layers(model)),
-            "median_s": statistics.median(times[1:]),
-            "min_s": min(times[1:]),
-        }
-        print(name, results[name], flush=True)
-    out = Path(__file__).with_name("results") / f"lora_sync_{args.label}.json"
-    machine = f"{cpu_model()}, {os.cpu_count()} CPUs"
-    document = dict(label=args.label, syncs=args.syncs, machine=machine, date=datetime.date.today().isoformat())
-    out.write_text(json.dumps(dict(document, results=results), indent=1))
-    ray.shutdown()
+    with tempfile.TemporaryDirectory() as workdir:
+        for name, shape in shapes().items():
+            model_dir = toy.save_model_and_tokenizer(os.path.join(workdir, str(len(results))), shape, seed=3)
+            results[name] = measure(check, engine_swaps, model_dir, options)
+            print(label, name, results[name], flush=True)
+    document = dict(
+        label=label,
+        rank=RANK,
+        syncs=options.syncs,
+        requests=options.requests,
+        tokens=options.tokens,
+        machine=f"{cpu_model()}, {os.cpu_count()} CPUs",
+        date=datetime.date.today().isoformat(),
+        results=results,
+    )
+    (HERE / "results" / f"lora_sync_{label}.json").write_text(json.dumps(document, indent=1))
 
 
 if __name__ == "__main__":

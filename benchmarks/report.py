@@ -8,10 +8,11 @@ section 2), ``selection.json`` (bench_selection.py, section 3), ``memory.json`` 
 ``forward.json`` and ``forward_gpu.json`` (bench_forward.py and, where a GPU ran it, bench_forward_gpu.py, section
 5), for section 6 ``gpu_h200_2026-11-26.json`` (the team's H200 measurement), ``actor_gpu*.json``
 (bench_actor_gpu.py) and ``cuda_tests.json`` (the suite's CUDA tests on a GPU machine), ``evaluate.json``
-(bench_evaluate.py, section 7), ``lora_sync_before.json`` / ``lora_sync_after.json`` (bench_lora_sync.py, section
-8). Every number, comparison and line of the head is computed from those files (by ``benchmarks/reporting/``; this
-file parses the command line and assembles the document), so a rerun of ``benchmarks/run_all.sh`` regenerates the
-whole document consistently. The studies it superseded are static text in ``benchmarks/SUPERSEDED.md``.
+(bench_evaluate.py, section 7), ``lora_sync_merged.json`` / ``lora_sync_adapter.json`` (bench_lora_sync.py,
+section 8). Every number, comparison and line of the head is computed from those files (by
+``benchmarks/reporting/``; this file parses the command line and assembles the document), so a rerun of
+``benchmarks/run_all.sh`` regenerates the whole document consistently. The studies it superseded are static text
+in ``benchmarks/SUPERSEDED.md``.
 """
 
 from __future__ import annotations
@@ -54,8 +55,8 @@ def results_document(results):
     cost, selection = read(results, "step_cost.json"), read(results, "selection.json")
     memory, forward, forward_gpu = (read(results, name) for name in ("memory.json", "forward.json", "forward_gpu.json"))
     evaluate, cuda_tests = read(results, "evaluate.json"), read(results, "cuda_tests.json")
-    before, after = (read(results, f"lora_sync_{side}.json") for side in ("before", "after"))
-    lora_sync = None if after is None else (before, after)
+    merged, adapter = (read(results, f"lora_sync_{label}.json") for label in ("merged", "adapter"))
+    lora_sync = None if adapter is None or merged is None else (merged, adapter)
     actor_documents = gpu_actor_documents(results)
     sections.plot_step_cost(cost["points"], results / "step_cost.png")
     speed_lines, speed_head = speed.speed_section(results / "speed_study.json", NUMBERS["speed"])
@@ -88,7 +89,7 @@ def results_document(results):
     if evaluate is not None:
         lines += ["", *sections.evaluate_section(evaluate, NUMBERS["evaluate"])]
     if lora_sync is not None:
-        lines += ["", *sections.lora_sync_section(before, after, NUMBERS["lora_sync"])]
+        lines += ["", *sections.lora_sync_section(merged, adapter, NUMBERS["lora_sync"])]
     return lines
 
 

@@ -9,7 +9,7 @@
 #   the speed study (bench_speed.py: the learning-rate sweep, then the study; resumable, each run appended): about
 #   9 hours measured on 2026-11-27 (160 runs of 2.5-4 minutes, two SFT warm starts of 5 minutes);
 #   bench_evaluate.py: about 3 minutes (2026-11-25);
-#   bench_lora_sync.py: under a minute;
+#   bench_lora_sync.py: a few minutes per tree (two engines each);
 #   report.py: seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,5 +21,5 @@ PY=.venv/bin/python
 "$PY" benchmarks/bench_forward.py
 "$PY" benchmarks/bench_speed.py --out benchmarks/results
 PYTHONPATH=$PWD "$PY" benchmarks/bench_evaluate.py
-"$PY" benchmarks/bench_lora_sync.py --label after  # its 'before' runs on an older commit: see its docstring
+"$PY" benchmarks/bench_lora_sync.py  # its 'merged' side runs on an older commit: see its docstring
 "$PY" benchmarks/report.py --results benchmarks/results

@@ -1,6 +1,6 @@
 """The sections of RESULTS.md besides the speed study and the GPU's, each with its line in RESULTS.md's head: step
 cost (with its plot), selection overhead, memory of the log-prob and entropy forward, the actor's forwards with
-chunked logits, checkpoint evaluation, the merged LoRA weight sync."""
+chunked logits, checkpoint evaluation, the LoRA sync."""
 
 from __future__ import annotations
 
@@ -325,7 +325,7 @@ def evaluate_section(evaluate, number):
 
 def head_lines(cost, memory, evaluate, lora_sync, numbers):
     """RESULTS.md's head lines of these sections (``numbers``: section name -> its number; ``memory``,
-    ``evaluate``, ``lora_sync`` (``(before, after)``) None where not run)."""
+    ``evaluate``, ``lora_sync`` (``(merged, adapter)``) None where not run)."""
     base = cost["points"][0]
     smallest = min(cost["points"][1:], key=lambda p: (p["kept_rollouts"], p["k"]))
     lines = [
@@ -351,45 +351,44 @@ def head_lines(cost, memory, evaluate, lora_sync, numbers):
             "generate's wall time."
         )
     if lora_sync is not None:
-        before, after = lora_sync
-        name, cell = list(after["results"].items())[-1]
+        merged, adapter = lora_sync
+        name, cell = list(adapter["results"].items())[-1]
+        old = merged["results"][name]
         lines.append(
-            f"- Merged LoRA weight sync (section {numbers['lora_sync']}, CPU): {name}, "
-            f"{cell['median_s'] / before['results'][name]['median_s']:.2f} of the per-layer sync's time."
+            f"- LoRA sync (section {numbers['lora_sync']}, CPU, real vLLM): of an update of std 1e-5, "
+            f"{cell['effect_share']['1e-05']:.2f} of its effect on the trainer's log-probs reaches the engine "
+            f"served as an adapter, {old['effect_share']['1e-05']:.2f} merged into bf16 weights; {name}: "
+            f"{cell['sync_median_s'] / old['sync_median_s']:.2f} of the merged sync's time, "
+            f"{cell['tokens_per_s'] / old['tokens_per_s']:.2f} of its generation throughput."
         )
     return lines
 
 
-def lora_sync_section(before, after, number):
-    """The merged LoRA weight sync's time per step (bench_lora_sync.py), per-layer calls (``before``) against
-    bucketed ones (``after``)."""
+def lora_sync_section(merged, adapter, number):
+    """The LoRA sync on a real vLLM CPU engine (bench_lora_sync.py): the adapter sync against the merged sync it
+    replaced, by the share of a small update that reaches the engine, the time per sync and generation's
+    throughput."""
     lines = [
-        f"## {number}. The merged LoRA weight sync",
+        f"## {number}. The LoRA sync: the adapter served, not merged",
         "",
-        "Command: `bench_lora_sync.py` with `--label before` on commit 448e71a (one upstream sync per adapted "
-        "layer) and `--label after` (one per bucket, one sync's reset, `empty_cache` and barrier), "
-        f"{after['syncs']} syncs each after a warm-up · machine: {after['machine']} · date: {after['date']}.",
+        "Command: `bench_lora_sync.py` on this tree (`adapter`) and with `PYTHONPATH` on commit 56709c2 (`merged`: "
+        "W + scale B A cast to the weights' bf16, sent as the base layer's weight) · machine: "
+        f"{adapter['machine']} · date: {adapter['date']}.",
         "",
-        "The actor side of a sync through upstream's `broadcast_to_vllm`, all-linear LoRA (rank 8), the CPU "
-        "runtime's gloo transport to one engine actor that buffers the weights (no vLLM load), prefix caching on, "
-        "ZeRO-2 on one rank. Seconds per sync, median (min).",
+        f"All-linear LoRA of rank {adapter['rank']} in bf16, the CPU runtime's vLLM engine (one), ZeRO-0 on one rank. "
+        "Share: of a fresh adapter's update of the given std, the share of its effect on the trainer's prompt "
+        "log-probs (its unmerged forward) that the engine's follow (1 = all of it). Sync: the trainer's "
+        f"`broadcast_to_vllm`, which returns once the engine serves the new policy, median (min) of "
+        f"{adapter['syncs']} syncs. Generation: {adapter['requests']} requests of {adapter['tokens']} sampled tokens, "
+        "tokens per second.",
         "",
-        "| model | adapted layers | before | after | after / before |",
-        "|---|---:|---:|---:|---:|",
+        "| model | sync | share at std 1e-5 | at 1e-4 | seconds per sync | tokens / s |",
+        "|---|---|---:|---:|---:|---:|",
     ]
-    for name, cell in after["results"].items():
-        old = before["results"][name]
-        lines.append(
-            f"| {name} | {cell['adapted_layers']} | {old['median_s']:.3f} ({old['min_s']:.3f}) | "
-            f"{cell['median_s']:.3f} ({cell['min_s']:.3f}) | {cell['median_s'] / old['median_s']:.2f} |"
-        )
-    saved = [before["results"][name]["median_s"] - cell["median_s"] for name, cell in after["results"].items()]
-    calls = [cell["adapted_layers"] - 1 for cell in after["results"].values()]
-    return lines + [
-        "",
-        f"**Reading.** On CPU `torch.cuda.empty_cache` does nothing and the barrier spans one rank, so what the "
-        f"change removes here is mostly the per-layer prefix-cache reset, a Ray round trip to the engine: "
-        f"{1e3 * saved[-1] / calls[-1]:.2f} ms per call saved at the larger model. The transport (one `update_weight` "
-        "and broadcast per weight) is the same before and after and dominates. On a GPU the per-layer barriers "
-        "across ranks, CUDA synchronisations and cache flushes go too; not measured (no GPU).",
-    ]
+    for name, cell in adapter["results"].items():
+        for label, row in (("merged", merged["results"][name]), ("adapter", cell)):
+            lines.append(
+                f"| {name} | {label} | {row['effect_share']['1e-05']:.2f} | {row['effect_share']['0.0001']:.2f} | "
+                f"{row['sync_median_s']:.3f} ({row['sync_min_s']:.3f}) | {row['tokens_per_s']:,.0f} |"
+            )
+    return lines
