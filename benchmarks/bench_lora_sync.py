@@ -1,15 +1,20 @@
-"""The LoRA sync on the CPU runtime's real vLLM engine: how much of a small update reaches the engine, what a sync
-costs, and what serving the adapter costs in generation; the adapter sync against the merged sync it replaced.
+"""The LoRA sync on the CPU runtime's real vLLM engine: how much of an update reaches the engine, what a sync costs,
+and what the engine's LoRA serving costs in generation; the merged sync against serving the adapter, which was
+tried and measured (commit 25a380c) and lost.
 
-    flock /tmp/d3s-heavy.lock .venv/bin/python benchmarks/bench_lora_sync.py            # this tree: adapter
-    git worktree add /tmp/merged 56709c2                                                  # the merged sync's tree
-    flock /tmp/d3s-heavy.lock env PYTHONPATH=/tmp/merged .venv/bin/python benchmarks/bench_lora_sync.py
+    flock /tmp/d3s-heavy.lock .venv/bin/python benchmarks/bench_lora_sync.py            # this tree: merged
+    git worktree add /tmp/adapter 25a380c                                                 # the adapter sync's tree
+    flock /tmp/d3s-heavy.lock env PYTHONPATH=/tmp/adapter .venv/bin/python benchmarks/bench_lora_sync.py
 
 The measuring code is this tree's (``testbed/sync_check.py``, loaded by path); the sync and the engine are the
-package's on ``PYTHONPATH``, and the label (``adapter``, ``merged``) says which sync that package has. Writes
+package's on ``PYTHONPATH``, and the label (``merged``, ``adapter``) says which sync that package has. Writes
 benchmarks/results/lora_sync_<label>.json.
 
-For each model, all-linear LoRA of rank 16 in bf16, one engine, ZeRO-0 on one rank:
+First, on one bf16 linear layer (1024 x 1024, W ~ N(0, 0.02), 256 inputs ~ N(0, 1), a rank-8 update of std 1e-5,
+3e-5, 1e-4): the share of the update's exact effect on the layer's output that survives the trainer's unmerged
+forward (the adapter's output added to the base output, in bf16) and a forward through the merged bf16 weight.
+
+Then, for each model, all-linear LoRA of rank 16 in bf16, one engine, ZeRO-0 on one rank:
 - the share of an update's effect on the trainer's prompt log-probs (its unmerged forward) that reaches the
   engine's, for a fresh adapter whose update has std 1e-5 (RL's early steps) and 1e-4;
 - seconds per sync (the trainer's ``broadcast_to_vllm``, which returns once the engine holds the new policy),
@@ -43,6 +48,29 @@ def load_sync_check():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def layer_shares(stds=(1e-5, 3e-5, 1e-4), hidden=1024, rank=8, tokens=256):
+    """{std: {"unmerged": share, "merged": share}} of an update's exact effect on one bf16 layer's output."""
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    weight = (torch.randn(hidden, hidden, generator=generator) * 0.02).bfloat16()
+    inputs = torch.randn(tokens, hidden, generator=generator).bfloat16()
+    base = inputs @ weight.T
+    shares = {}
+    for std in stds:
+        a = torch.randn(rank, hidden, generator=generator) / hidden**0.5
+        b = torch.randn(hidden, rank, generator=generator)
+        b *= std / (b @ a).std()
+        exact = inputs.float() @ (b @ a).T
+        unmerged = (base + (inputs @ a.bfloat16().T) @ b.bfloat16().T) - base
+        merged = inputs @ (weight.float() + b @ a).bfloat16().T - base
+        shares[f"{std:g}"] = {
+            name: float((change.float() * exact).sum() / (exact * exact).sum())
+            for name, change in (("unmerged", unmerged), ("merged", merged))
+        }
+    return shares
 
 
 def shapes():
@@ -100,12 +128,14 @@ def main():
     from d3s_openrlhf.testbed import toy
 
     check = load_sync_check()
-    if importlib.util.find_spec("d3s_openrlhf.integration.lora_engine") is not None:
+    if importlib.util.find_spec("d3s_openrlhf.integration.lora_engine") is not None:  # the adapter sync's tree
         from d3s_openrlhf.integration.swaps import lora_engine_swaps
 
         label, engine_swaps = "adapter", lambda: lora_engine_swaps(RANK)
-    else:  # a tree before the adapter sync: its engine serves merged weights
+    else:  # the merged sync: its engine serves the merged weights
         label, engine_swaps = "merged", tuple
+    layer = layer_shares()
+    print("one layer", layer, flush=True)
     results = {}
     with tempfile.TemporaryDirectory() as workdir:
         for name, shape in shapes().items():
@@ -120,6 +150,7 @@ def main():
         tokens=options.tokens,
         machine=f"{cpu_model()}, {os.cpu_count()} CPUs",
         date=datetime.date.today().isoformat(),
+        layer=layer,
         results=results,
     )
     (HERE / "results" / f"lora_sync_{label}.json").write_text(json.dumps(document, indent=1))

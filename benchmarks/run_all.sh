@@ -21,5 +21,5 @@ PY=.venv/bin/python
 "$PY" benchmarks/bench_forward.py
 "$PY" benchmarks/bench_speed.py --out benchmarks/results
 PYTHONPATH=$PWD "$PY" benchmarks/bench_evaluate.py
-"$PY" benchmarks/bench_lora_sync.py  # its 'merged' side runs on an older commit: see its docstring
+"$PY" benchmarks/bench_lora_sync.py  # the merged sync; the adapter it was measured against: commit 25a380c, see its docstring
 "$PY" benchmarks/report.py --results benchmarks/results

@@ -6,9 +6,9 @@ and ``train()`` run as shipped (through ``runpy``).
 
 * D3S off (no flags, ``--d3s.preset grpo``, or nothing selected at any point): upstream's module runs with the
   remaining arguments and three changes only: the trainers' evaluation also logs the unbiased
-  ``eval/<datasource>/pass@k``, under LoRA (``--ds.lora.rank > 0``) the engines serve the trainer's adapter and
-  the policy actor's weight sync sends it (as with D3S on), and the driver's waits watch the engines and model
-  actors (``integration/driver_watch.py``: a death ends the run instead of hanging it).
+  ``eval/<datasource>/pass@k``, under LoRA (``--ds.lora.rank > 0``) the policy actor's weight sync is the merged
+  one, and the driver's waits watch the engines and model actors (``integration/driver_watch.py``: a death ends
+  the run instead of hanging it).
 * D3S on: the configuration is validated against the host flags before anything else happens (so before
   ``ray.init`` and before any actor exists); then upstream's module runs with the D3S classes and the config
   (``args.d3s``) swapped in for the duration of the run, and the same watch of the driver's waits.
@@ -119,11 +119,11 @@ def fixed_steps_line(config: D3SConfig, host_args) -> str:
 # ── running upstream ──
 
 
-def run(host_argv: Sequence[str], config: D3SConfig, lora_rank: int = 0) -> None:
+def run(host_argv: Sequence[str], config: D3SConfig, lora: bool = False) -> None:
     """Run upstream's ``train_ppo_ray`` under the run's swaps (``integration.swaps.swaps_for_run``)."""
     from d3s_openrlhf.integration.swaps import swaps_for_run  # the Ray actor classes: for a run, not for --help
 
-    host.run_upstream_main(host_argv, *swaps_for_run(config, lora_rank))
+    host.run_upstream_main(host_argv, *swaps_for_run(config, lora))
 
 
 def print_help(file=None) -> None:
@@ -140,17 +140,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         raise SystemExit(0)
     try:
         config, host_argv, host_args, plan = resolve(argv)
-        lora_rank = host.lora_rank(host_argv)
+        lora = host.lora_sync_needed(host_argv)
     except D3SValidationError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
     if config.dry_run:
         print(format_plan(config, plan, host_args))
-        if lora_rank:
-            print(
-                f"LoRA (--ds.lora.rank {lora_rank}): the vLLM engines serve the trainer's adapter (max_lora_rank "
-                f"{host.engine_lora_rank(lora_rank)}); each weight sync sends it"
-            )
+        if lora:
+            print("LoRA (--ds.lora.rank > 0): the policy's weight sync sends the merged LoRA layers to vLLM")
         return
     # D3S_OPENRLHF_CPU=1: the CPU pre-flight of the host flags, then a loopback Ray head with the CPU adjustments
     # in every worker (no-op otherwise). Under the CPU launcher both happened already.
@@ -163,7 +160,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     cpu_runtime.activate_if_requested()
     for note in plan.notes if plan is not None else ():
         print(f"[d3s] warning: {note}", file=sys.stderr)
-    run(host_argv, config, lora_rank)
+    run(host_argv, config, lora)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ from d3s_openrlhf.integration.host import (
     full_logits_requested,
     loss_needs_every_token,
 )
-from d3s_openrlhf.integration.lora_sync import AdapterLoRASync
+from d3s_openrlhf.integration.lora_sync import MergedLoRASync
 from d3s_openrlhf.integration.loss import (
     PG_NORM_ATTR,
     WINDOW_END_ATTR,
@@ -58,9 +58,9 @@ from d3s_openrlhf.integration.training_forward import NonFiniteCheck, training_f
 # the trainer
 
 
-class D3SActorPPOTrainer(AdapterLoRASync, ppo_actor.ActorPPOTrainer):
+class D3SActorPPOTrainer(MergedLoRASync, ppo_actor.ActorPPOTrainer):
     """``ActorPPOTrainer`` whose PG surrogate covers only the tokens of ``experience.info["d3s_pg_mask"]``, with the
-    LoRA adapter sync, and with ``--d3s.optimizer_steps fixed_updates`` the optimizer steps of a full batch
+    merged LoRA weight sync, and with ``--d3s.optimizer_steps fixed_updates`` the optimizer steps of a full batch
     at every rollout step. ``ppo_train`` reports the optimizer steps it took (``d3s/optimizer_steps``)."""
 
     def __init__(self, *args, **kwargs) -> None:

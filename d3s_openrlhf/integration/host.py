@@ -417,47 +417,20 @@ def deepcompile_blocker(args) -> Optional[str]:
 # ── LoRA ──
 
 
-# vLLM's allowed values of max_lora_rank (vllm/config/lora.py, MaxLoRARanks, 0.10-0.32): the engines serve an
-# adapter of the run's rank in the smallest at or above it
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-# module names of the input embedding and the LM head in the models OpenRLHF trains (Llama, Qwen, Mistral ...)
-EMBEDDING_MODULES = ("embed_tokens", "lm_head")
-
-
-def lora_rank(host_argv: Sequence[str]) -> int:
-    """The LoRA rank the run trains (``--ds.lora.rank``; 0: no LoRA). Under LoRA the vLLM engines serve the
-    trainer's adapter, which upstream's sync cannot send (``integration.lora_sync``), with D3S on or off. Raises
+def lora_sync_needed(host_argv: Sequence[str]) -> bool:
+    """Whether the run trains LoRA adapters (``--ds.lora.rank > 0``), whose weights upstream's sync cannot send to
+    vLLM: the entrypoint then syncs the merged weights (``integration.lora_sync``), with D3S on or off. Raises
     D3SValidationError where that sync cannot run."""
     args = parse_host_args(host_argv)
-    rank = args.ds.lora.rank
-    if rank <= 0:
-        return 0
+    if args.ds.lora.rank <= 0:
+        return False
     if args.ds.tensor_parallel_size > 1:
         raise D3SValidationError(
-            f"--ds.lora.rank {rank} with --ds.tensor_parallel_size {args.ds.tensor_parallel_size}: "
-            "the LoRA sync gathers whole adapters under ZeRO, not tensor-parallel shards; "
+            f"--ds.lora.rank {args.ds.lora.rank} with --ds.tensor_parallel_size {args.ds.tensor_parallel_size}: "
+            "the merged LoRA weight sync gathers whole layers under ZeRO, not tensor-parallel shards; "
             "use --ds.tensor_parallel_size 1"
         )
-    if rank > VLLM_LORA_RANKS[-1]:
-        raise D3SValidationError(
-            f"--ds.lora.rank {rank}: vLLM serves LoRA adapters of rank {VLLM_LORA_RANKS[-1]} at most; "
-            f"use --ds.lora.rank {VLLM_LORA_RANKS[-1]} or less"
-        )
-    targets = args.ds.lora.target_modules
-    targets = [targets] if isinstance(targets, str) else list(targets)
-    embeddings = [t for t in targets if t in EMBEDDING_MODULES]
-    if embeddings:
-        raise D3SValidationError(
-            f"--ds.lora.target_modules {' '.join(targets)}: the LoRA sync serves adapters on the linear layers of "
-            f"the transformer blocks, not on {', '.join(embeddings)}; leave {', '.join(embeddings)} out "
-            "(the default all-linear does)"
-        )
-    return rank
-
-
-def engine_lora_rank(rank: int) -> int:
-    """vLLM's ``max_lora_rank`` for adapters of rank ``rank``: the smallest allowed value at or above it."""
-    return next(allowed for allowed in VLLM_LORA_RANKS if allowed >= rank)
+    return True
 
 
 # ── DeepSpeed ──

@@ -8,8 +8,7 @@ duration of upstream's ``__main__`` (``seams.swapped_globals``). :func:`swaps_fo
   ``D3SConfig`` fields, ``host.config_namespace``), so every Ray worker sees ``strategy.args.d3s``.
 * D3S off (:func:`pass_at_k_swaps`): the trainers whose evaluation adds the unbiased ``eval/<ds>/pass@k``
   (``eval_metrics``), for the comparison with a D3S run; under LoRA also :func:`lora_swaps`, the policy actor with
-  the LoRA adapter sync (``lora_sync``: upstream's cannot send adapters to vLLM).
-* Under LoRA, D3S on or off (:func:`lora_engine_swaps`): engines that serve the synced adapter (``lora_engine``).
+  the merged LoRA weight sync (``lora_sync``: upstream's cannot send adapters to vLLM).
 * Both (:func:`liveness_swaps`, last): the driver's ``ray.get`` watches the engines and the model actors from their
   creation on, so that a death at any point ends the run (``driver_watch``).
 """
@@ -23,7 +22,6 @@ import openrlhf.trainer.ppo_trainer_async as ppo_trainer_async
 import openrlhf.trainer.ray as trainer_ray
 import openrlhf.trainer.ray.launcher as launcher
 import openrlhf.trainer.ray.ppo_actor as ppo_actor
-import openrlhf.trainer.ray.vllm_engine as vllm_engine
 import openrlhf.utils.config as host_config
 import ray
 
@@ -32,7 +30,6 @@ from d3s_openrlhf.integration import host
 from d3s_openrlhf.integration.actor import D3SPolicyModelActor, D3SReferenceModelActor
 from d3s_openrlhf.integration.driver_watch import DriverWatch
 from d3s_openrlhf.integration.eval_metrics import PassAtKPPOTrainer, PassAtKPPOTrainerAsync
-from d3s_openrlhf.integration.lora_engine import lora_serving_actor
 from d3s_openrlhf.integration.lora_sync import LoRASyncPolicyModelActor
 from d3s_openrlhf.integration.trainer import D3SPPOTrainer, D3SPPOTrainerAsync
 
@@ -66,18 +63,9 @@ def pass_at_k_swaps() -> Tuple[Swap, ...]:
     )
 
 
-def lora_engine_swaps(rank: int) -> Tuple[Swap, ...]:
-    """The swap under which upstream's ``create_vllm_engines`` starts engines that serve the trainer's LoRA
-    adapter of rank ``rank`` (``lora_engine``), over the engine class in place when it is called: build it after
-    the CPU runtime's activation, which puts its own."""
-    serving = lora_serving_actor(vllm_engine.RolloutRayActor, host.engine_lora_rank(rank))
-    return ((vllm_engine, {"RolloutRayActor": serving}),)
-
-
-def lora_swaps(rank: int) -> Tuple[Swap, ...]:
-    """The swaps under which upstream's ``train_ppo_ray``, D3S off, syncs the LoRA adapter to engines that serve
-    it."""
-    return ((ppo_actor, {"PolicyModelActor": LoRASyncPolicyModelActor}),) + lora_engine_swaps(rank)
+def lora_swaps() -> Tuple[Swap, ...]:
+    """The swap under which upstream's ``train_ppo_ray`` syncs merged LoRA weights."""
+    return ((ppo_actor, {"PolicyModelActor": LoRASyncPolicyModelActor}),)
 
 
 def liveness_swaps() -> Tuple[Swap, ...]:
@@ -92,10 +80,10 @@ def liveness_swaps() -> Tuple[Swap, ...]:
     )
 
 
-def swaps_for_run(config: D3SConfig, lora_rank: int) -> Tuple[Swap, ...]:
+def swaps_for_run(config: D3SConfig, lora: bool) -> Tuple[Swap, ...]:
     """The swaps of a run: the D3S classes when D3S is on; with D3S off the pass@k evaluation and, under LoRA
-    (``lora_rank`` > 0), the LoRA adapter sync (the D3S actor trainer has it built in, the engines are swapped in
-    both); the driver's watch in both."""
+    (``lora``), the merged LoRA weight sync (the D3S actor trainer has that sync built in); the driver's watch in
+    both."""
     if config.enabled:
-        return d3s_swaps(config) + (lora_engine_swaps(lora_rank) if lora_rank else ()) + liveness_swaps()
-    return pass_at_k_swaps() + (lora_swaps(lora_rank) if lora_rank else ()) + liveness_swaps()
+        return d3s_swaps(config) + liveness_swaps()
+    return pass_at_k_swaps() + (lora_swaps() if lora else ()) + liveness_swaps()

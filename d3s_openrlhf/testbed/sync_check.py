@@ -9,10 +9,10 @@ compares the engine's prompt log-probs with the trainer's: the model's own forwa
 forward the trainer's log-probs come from. Prints one JSON object.
 
 With ``--lora-rank R`` the model carries a LoRA adapter of rank R on every linear layer (OpenRLHF's default
-target modules); only the adapter changes, the engine serves adapters (``integration.swaps.lora_engine_swaps``),
-the sync is the package's (``integration.lora_sync.LoRASyncActorPPOTrainer``) and the trainer's forward keeps the
-adapter apart from W, as PEFT trains it. ``--update-std S`` sets the adapter to a fresh random one whose update
-``scale * B @ A`` has std S in every layer (instead of ``--scale``'s noise), and reports which share of the
+target modules); only the adapter changes, the sync is the package's merged one
+(``integration.lora_sync.LoRASyncActorPPOTrainer``), and the reference is the trainer's forward as PEFT trains it,
+the adapter apart from W (not a merged model). ``--update-std S`` sets the adapter to a fresh random one whose
+update ``scale * B @ A`` has std S in every layer (instead of ``--scale``'s noise), and reports which share of the
 update's effect on the trainer's log-probs reaches the engine's:
 ``<engine change, trainer change> / <trainer change, trainer change>``.
 """
@@ -159,11 +159,8 @@ def prompt_token_ids(model_dir):
 
 
 def run(model_dir, syncs, scale, lora_rank=0, update_std=None):
-    from d3s_openrlhf.integration.swaps import lora_engine_swaps
-
     prompts = prompt_token_ids(model_dir)
-    engine_swaps = (lambda: lora_engine_swaps(lora_rank)) if lora_rank else tuple
-    with engine_and_trainer(model_dir, lora_rank, engine_swaps) as (engine, trainer, model):
+    with engine_and_trainer(model_dir, lora_rank) as (engine, trainer, model):
         results = {"prompts": len(prompts), "tied_embeddings": bool(model.config.tie_word_embeddings), "syncs": []}
         results["lora_rank"], results["update_std"] = lora_rank, update_std
         engine_before = logprobs(prompts, lambda ids: engine_prompt_logprobs(engine, ids))

@@ -50,7 +50,7 @@
 #       the paper reports), bf16, ZeRO-3 (ZeRO-2 for 1.5B), all models colocated with vLLM sleep mode.
 #   The reward is d3s_openrlhf/rewards/math_reward.py (math-verify on the last \boxed{}; no format bonus).
 #   LoRA (LORA_RANK > 0, the qwen2.5-3b-instruct profile: rank 64, alpha 64, all linear layers): the entrypoint
-#       syncs the adapter to vLLM, which serves it (README, LoRA); LORA_RANK=0 (every other profile) trains all weights.
+#       syncs the merged weights to vLLM (README, LoRA); LORA_RANK=0 (every other profile) trains all weights.
 
 D3S_EXAMPLES_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 D3S_ROOT="$(cd "$D3S_EXAMPLES_DIR/../.." && pwd)"

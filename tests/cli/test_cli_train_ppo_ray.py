@@ -18,7 +18,6 @@ import openrlhf.trainer.ppo_trainer_async as ppo_trainer_async
 import openrlhf.trainer.ray as trainer_ray
 import openrlhf.trainer.ray.launcher as launcher
 import openrlhf.trainer.ray.ppo_actor as ppo_actor
-import openrlhf.trainer.ray.vllm_engine as vllm_engine
 import openrlhf.utils.config as host_config
 import pytest
 import ray
@@ -37,7 +36,6 @@ def _swappable_globals():
         "get": ray.get,
         "create_vllm_engines": trainer_ray.create_vllm_engines,
         "RayActorGroup": launcher.RayActorGroup,
-        "RolloutRayActor": vllm_engine.RolloutRayActor,
     }
 
 
@@ -147,42 +145,25 @@ def test_d3s_off_runs_upstream_with_the_pass_at_k_evaluation_alone(upstream_runs
     assert _swappable_globals() == UPSTREAM  # for the run only
 
 
-@pytest.mark.parametrize("d3s", [[], ["--d3s.preset", "d3s", "--d3s.n_final", "16"]], ids=["d3s_off", "d3s_on"])
-def test_lora_swaps_in_the_adapter_sync_and_engines_that_serve_it(d3s, upstream_runs):
-    from d3s_openrlhf.integration.actor import D3SPolicyModelActor
+def test_lora_with_d3s_off_swaps_in_the_merged_weight_sync(upstream_runs):
     from d3s_openrlhf.integration.lora_sync import LoRASyncPolicyModelActor
 
-    # LoRA: upstream's weight sync cannot reach vLLM, so the entrypoint swaps its policy actor and engines even
-    # with D3S off; a rank of 12 is served by vLLM's next allowed max_lora_rank, 16
-    host_argv = [*HOST, "--ds.lora.rank", "12", "--train.partial_rollout_enable"]
-    with pytest.raises(AssertionError, match="partial_rollout_enable requires"):
-        cli.main(d3s + host_argv)
+    # LoRA: upstream's weight sync cannot reach vLLM, so the entrypoint swaps its policy actor even with D3S off
+    argv = ["--ds.lora.rank", "8", "--algo.advantage.estimator", "group_norm", "--rollout.n_samples_per_prompt", "1"]
+    with pytest.raises(AssertionError, match="group_norm requires n_samples_per_prompt > 1"):
+        cli.main(argv)
     (run,) = upstream_runs
-    assert run["argv"] == host_argv and (run["d3s"] is None) == (not d3s)
-    policy = D3SPolicyModelActor if d3s else LoRASyncPolicyModelActor
-    assert run["globals"]["PolicyModelActor"] is policy
-    from d3s_openrlhf.integration.lora_engine import LoRAServing
-
-    serving = run["globals"]["RolloutRayActor"].__ray_actor_class__
-    assert serving.__mro__[1:3] == (LoRAServing, UPSTREAM["RolloutRayActor"].__ray_actor_class__)
-    assert serving.max_lora_rank == 16
+    assert run["argv"] == argv and run["d3s"] is None
+    expected = dict(UPSTREAM, PolicyModelActor=LoRASyncPolicyModelActor, **pass_at_k_trainers(), **driver_watch(run))
+    assert run["globals"] == expected
     assert _swappable_globals() == UPSTREAM  # for the run only
 
 
-@pytest.mark.parametrize(
-    "flags, change",
-    [
-        (["--ds.tensor_parallel_size", "2"], "--ds.tensor_parallel_size 1"),
-        (["--ds.lora.rank", "1024"], "--ds.lora.rank 512 or less"),
-        (["--ds.lora.target_modules", "q_proj", "lm_head"], "leave lm_head out"),
-        (["--ds.lora.target_modules", "embed_tokens"], "leave embed_tokens out"),
-    ],
-)
-def test_a_lora_run_the_engines_cannot_serve_is_refused_before_upstream_runs(flags, change, upstream_runs, capsys):
+def test_lora_with_tensor_parallelism_is_refused_before_upstream_runs(upstream_runs, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        cli.main(["--ds.lora.rank", "8", *flags])
+        cli.main(["--ds.lora.rank", "8", "--ds.tensor_parallel_size", "2"])
     assert exit_info.value.code == 2 and not upstream_runs
-    assert change in capsys.readouterr().err
+    assert "--ds.tensor_parallel_size 1" in capsys.readouterr().err
 
 
 def test_d3s_on_swaps_classes_and_injects_config_for_the_run_only(upstream_runs):
@@ -201,7 +182,6 @@ def test_d3s_on_swaps_classes_and_injects_config_for_the_run_only(upstream_runs)
         "PPOTrainer": D3SPPOTrainer,
         "PPOTrainerAsync": D3SPPOTrainerAsync,
         "hierarchize": run["globals"]["hierarchize"],
-        "RolloutRayActor": UPSTREAM["RolloutRayActor"],
         **driver_watch(run),
     }
     assert run["globals"]["hierarchize"] is not UPSTREAM["hierarchize"]
@@ -439,8 +419,7 @@ def test_dry_run_with_d3s_off(upstream_runs, capsys):
     out = capsys.readouterr().out
     assert "D3S is off" in out and "LoRA" not in out and upstream_runs == []
     cli.main(["--d3s.dry_run", *HOST, "--ds.lora.rank", "8"])  # the one change without a --d3s flag is said
-    assert "the vLLM engines serve the trainer's adapter (max_lora_rank 8)" in capsys.readouterr().out
-    assert upstream_runs == []
+    assert "merged LoRA layers" in capsys.readouterr().out and upstream_runs == []
 
 
 def test_async_mode_validates_and_dry_runs(upstream_runs, capsys):

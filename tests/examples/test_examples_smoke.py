@@ -35,7 +35,7 @@ def assert_smoke_run(result, nodes):
 
 
 # the paper-scale D3S script on two Ray nodes (nothing may assume one node), PODS's LoRA script on one, past its
-# first LoRA adapter sync
+# first merged weight sync
 @pytest.mark.parametrize("script, nodes", [("qwen2.5-math-1.5b/gspo_d3s", 2), ("qwen2.5-3b-instruct/grpo_pods", 1)])
 @pytest.mark.e2e
 def test_script_runs_two_steps_on_cpu(script, nodes, toy_files, tmp_path):

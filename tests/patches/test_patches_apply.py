@@ -77,7 +77,7 @@ def test_patched_upstream_entrypoint_runs_d3s(openrlhf_copy):
 
 
 def test_patched_upstream_entrypoint_hands_lora_runs_to_the_plugin(openrlhf_copy):
-    # LoRA without any --d3s flag: the plugin's adapter sync is needed; its pre-flight answers first
+    # LoRA without any --d3s flag: the plugin's merged weight sync is needed; its pre-flight answers first
     assert apply(openrlhf_copy).returncode == 0
     result = run_patched(openrlhf_copy, "--ds.lora.rank", "8", "--ds.tensor_parallel_size", "2", *HOST)
     assert result.returncode == 2 and "d3s_openrlhf.cli.train_ppo_ray: error" in result.stderr

@@ -5,8 +5,8 @@
 # Paper reports: PODS (GSM8K, Qwen2.5-3B-Instruct): GRPO n = m = 16 peaks at 81.6%, PODS n = 64, m = 16 at 82.6%,
 #   reaching GRPO's peak at least 1.7x sooner (d3s-spec.md).
 # Hardware assumed: 1 node with 1x 80 GB GPU (A100-80G / H100); ZeRO-2; actor, reference and the vLLM engine
-#   colocated with sleep mode. LoRA keeps the optimizer state to the adapters; the weight sync sends the adapter,
-#   which the engine serves.
+#   colocated with sleep mode. LoRA keeps the optimizer state to the adapters; the weight sync sends the merged
+#   LoRA layers only.
 # Chosen by us: LoRA rank 64, alpha 64; B = 8 prompts (512 rollouts, 128 kept a step), train batch 128, lr 1e-5,
 #   KL 1e-3, 3 episodes of GSM8K train, 1536 tokens (1024 new), eval every 20 steps (see common.sh; every value
 #   can be overridden from the environment). Data: python -m d3s_openrlhf.data.prepare --dataset gsm8k
