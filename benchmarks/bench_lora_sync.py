@@ -120,7 +120,7 @@ def measure(check, engine_swaps, model_dir, options):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--syncs", type=int, default=10)
+    parser.add_argument("--syncs", type=int, default=5)
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=32)
     options = parser.parse_args()

@@ -45,6 +45,13 @@ UPSTREAM_PATHS = pytest.mark.parametrize(
 )
 
 
+def flash_attn_error():
+    """Why flash-attn 2's CUDA kernels cannot run here, or None."""
+    from transformers.utils import is_flash_attn_2_available
+
+    return None if is_flash_attn_2_available() else "needs flash-attn 2 with its CUDA kernels (pip install flash-attn)"
+
+
 def cuda_actor(model_dir, dtype, **kwargs):
     actor = load_actor(model_dir, **kwargs)
     actor.model.to("cuda", dtype)
@@ -67,6 +74,34 @@ def test_training_forward_equals_upstreams(model_dir, dtype, packing):
     torch.testing.assert_close(got, expected, **TOL[dtype])
     for grad, expected_grad in zip(got_grads, expected_grads):
         torch.testing.assert_close(grad, expected_grad, **TOL[dtype])
+
+
+@pytest.mark.skipif(flash_attn_error() is not None, reason=str(flash_attn_error()))
+def test_forwards_on_flash_attn_varlen_with_left_padded_prompts_equal_upstreams(model_dir):
+    """Packed samples through flash-attn's varlen kernels, prompts of several lengths left-padded (as rollouts
+    reach the trainer): the training forward (log-probs and gradients) and the experience forward (log-probs and
+    entropy) against ``Actor.forward`` on the same kernels, in bf16 (flash-attn's dtypes)."""
+    actor = load_actor(model_dir, temperature=0.7, packing_samples=True, attn_implementation="flash_attention_2")
+    actor.model.to("cuda", torch.bfloat16)
+    assert actor.model.config._attn_implementation == "flash_attention_2"
+    e = make_experience(actor, seed=46, rows=5, pg=None, left_pad=True)
+    assert (e.attention_mask[:, 0] == 0).any()
+    results = []
+    for forward in (Actor.forward, training_forward):
+        actor.zero_grad(set_to_none=True)
+        log_probs = forward(actor, e.sequences, e.action_mask, e.attention_mask)
+        (log_probs * e.advantages).sum().backward()
+        results.append((log_probs.detach(), [p.grad.clone() for p in actor.parameters()]))
+    (expected, expected_grads), (got, got_grads) = results
+    torch.testing.assert_close(got, expected, **TOL[torch.bfloat16])
+    for grad, expected_grad in zip(got_grads, expected_grads):
+        torch.testing.assert_close(grad, expected_grad, **TOL[torch.bfloat16])
+    with torch.no_grad():
+        log_probs, entropy = chunked_logits_log_probs(
+            actor, e.sequences, e.action_mask, e.attention_mask, with_entropy=True
+        )
+    torch.testing.assert_close(log_probs, expected, **TOL[torch.bfloat16])
+    torch.testing.assert_close(entropy, upstream_action_entropy(actor, e), **TOL[torch.bfloat16])
 
 
 @DTYPES

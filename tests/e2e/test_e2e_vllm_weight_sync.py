@@ -1,5 +1,5 @@
 """The vLLM CPU engine follows the trainer's weights after OpenRLHF's own broadcast (gloo weight sync), and the
-trainer's LoRA adapter, even an update too small for bf16 weights, after the package's LoRA sync.
+trainer's unmerged forward after the package's merged LoRA sync.
 
 ``python -m d3s_openrlhf.testbed.sync_check`` changes the toy model (tied embeddings: the LM head is the case
 vLLM's CPU repacking would leave stale), syncs it twice through ``ActorPPOTrainer.broadcast_to_vllm`` and

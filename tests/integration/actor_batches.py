@@ -47,23 +47,28 @@ def point_cuda_at_cpu(monkeypatch):
 
 
 def load_actor(model_dir, **kwargs):
-    actor = Actor(model_dir, attn_implementation="eager", param_dtype="bf16", **kwargs)
+    actor = Actor(model_dir, **{"attn_implementation": "eager", "param_dtype": "bf16", **kwargs})
     actor.model.float()  # fp32 so that reference comparisons can be tight
     return actor
 
 
-def make_experience(actor, seed, rows=4, pg="random"):
+def make_experience(actor, seed, rows=4, pg="random", left_pad=False):
     """A batch as the experience maker hands it over: right-padded responses, old/ref log-probs near the current
-    policy's, per-token advantages, and (unless pg is None) the token mask as (rows, WIDTH + 2) bool rows. Drawn
-    on the CPU (the same batch on every device), it lives on the actor's device: upstream's forward there takes
-    that device's path (on CUDA with flash-attn, its Triton cross-entropy, which refuses CPU tensors)."""
+    policy's, per-token advantages, and (unless pg is None) the token mask as (rows, WIDTH + 2) bool rows. With
+    ``left_pad``, prompts of 1 to PROMPT tokens left-padded to PROMPT (the first row's whole), as vLLM's rollouts
+    of prompts of several lengths reach the trainer. Drawn on the CPU (the same batch on every device), it lives on
+    the actor's device: upstream's forward there takes that device's path (on CUDA with flash-attn, its Triton
+    cross-entropy, which refuses CPU tensors)."""
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(2, WIDTH + 1, (rows,), generator=g)
     lengths[0] = WIDTH
     sequences = torch.randint(0, VOCAB - 3, (rows, PROMPT + WIDTH), generator=g)
     attention_mask = torch.zeros(rows, PROMPT + WIDTH, dtype=torch.long)
-    for i, n in enumerate(lengths.tolist()):
-        attention_mask[i, : PROMPT + n] = 1
+    prompts = torch.randint(1, PROMPT + 1, (rows,), generator=g) if left_pad else torch.full((rows,), PROMPT)
+    prompts[0] = PROMPT
+    for i, (n, p) in enumerate(zip(lengths.tolist(), prompts.tolist())):
+        attention_mask[i, PROMPT - p : PROMPT + n] = 1
+        sequences[i, : PROMPT - p] = VOCAB - 2
         sequences[i, PROMPT + n :] = VOCAB - 2
     action_mask = torch.arange(WIDTH)[None, :] < lengths[:, None]
     device = next(actor.parameters()).device
@@ -93,7 +98,7 @@ def make_experience(actor, seed, rows=4, pg="random"):
         base_action_log_probs=current + noise(0.1),
         advantages=advantages,
         response_length=lengths.float().to(device),
-        total_length=(PROMPT + lengths).float().to(device),
+        total_length=(prompts + lengths).float().to(device),
         info=info,
     )
 

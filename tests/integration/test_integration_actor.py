@@ -889,6 +889,28 @@ def test_entropy_forward_returns_upstreams_log_probs_and_the_action_entropy(mode
     assert torch.all(entropy[~e.action_mask] == 0) and torch.all(entropy[e.action_mask] > 0)
 
 
+@pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
+def test_training_forward_on_left_padded_prompts_equals_upstreams(model_dir, packing):
+    """Prompts of several lengths, left-padded as rollouts reach the trainer: log-probs and every gradient of the
+    chunked-logits training forward against ``Actor.forward`` (tests/cuda runs the same on flash-attn's varlen
+    kernels)."""
+    from d3s_openrlhf.integration.training_forward import training_forward
+
+    actor = load_actor(model_dir, temperature=0.7, packing_samples=packing)
+    e = make_experience(actor, seed=45, rows=5, pg=None, left_pad=True)
+    assert (e.attention_mask[:, 0] == 0).any()
+    results = []
+    for forward in (Actor.forward, training_forward):
+        actor.zero_grad(set_to_none=True)
+        log_probs = forward(actor, e.sequences, e.action_mask, e.attention_mask)
+        (log_probs * e.advantages).sum().backward()
+        results.append((log_probs.detach(), [p.grad.clone() for p in actor.parameters()]))
+    (expected, expected_grads), (got, got_grads) = results
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    for grad, expected_grad in zip(got_grads, expected_grads):
+        torch.testing.assert_close(grad, expected_grad, rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.parametrize("full_logits", [False, True], ids=["chunked-logits", "full-logits"])
 def test_policy_forward_gives_log_probs_with_chunked_logits_when_asked(model_dir, cpu_cuda, full_logits):
     """--d3s.chunked_logits at a step without token selection: the log-probs alone, from the hidden states."""

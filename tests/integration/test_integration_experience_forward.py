@@ -14,13 +14,15 @@ from actor_batches import (
 from d3s_openrlhf.integration.experience_forward import chunked_logits_log_probs
 
 
+@pytest.mark.parametrize("left_pad", [False, True], ids=["whole_prompts", "left_padded_prompts"])
 @pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_chunked_logits_log_probs_equal_upstreams_forward(model_dir, cpu_cuda, packing, temperature, dtype):
+def test_chunked_logits_log_probs_equal_upstreams_forward(model_dir, cpu_cuda, packing, temperature, dtype, left_pad):
     actor = load_actor(model_dir, temperature=temperature, packing_samples=packing)
     actor.model.to(dtype)
-    e = make_experience(actor, seed=41, rows=5, pg=None)
+    e = make_experience(actor, seed=41, rows=5, pg=None, left_pad=left_pad)
+    assert bool((e.attention_mask[:, 0] == 0).any()) == left_pad
     e.action_mask[3] = False  # a rollout without action tokens (an empty response)
     with torch.no_grad():
         expected = actor(e.sequences, e.action_mask, e.attention_mask)
