@@ -17,8 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from memory_probe import peak_allocated_bytes  # noqa: E402
 
-# the first end-to-end test also pays for the session's SFT warm start (2-8 min on 2 cores, by the machine's load);
-# a test of two runs of ~1-3 min each fits twice over
+# the first end-to-end test also pays for the session's SFT warm start (about a minute on 2 cores beside the other
+# half of the suite); a test of two runs of ~1-3 min each fits twice over
 E2E_TIMEOUT_S = 1200
 
 
