@@ -12,7 +12,7 @@ import functools
 
 import pytest
 import torch
-from actor_batches import load_actor, make_experience, upstream_action_entropy
+from actor_batches import assert_forward_equals_upstreams, load_actor, make_experience, upstream_action_entropy
 from openrlhf.models import Actor
 from openrlhf.models.utils import log_probs_from_logits
 
@@ -64,16 +64,7 @@ def test_training_forward_equals_upstreams(model_dir, dtype, packing):
     actor = cuda_actor(model_dir, dtype, temperature=0.7, packing_samples=packing)
     e = make_experience(actor, seed=8, pg=None)
     assert e.sequences.is_cuda
-    results = []
-    for forward in (Actor.forward, training_forward):
-        actor.zero_grad(set_to_none=True)
-        log_probs = forward(actor, e.sequences, e.action_mask, e.attention_mask)
-        (log_probs * e.action_mask).sum().backward()
-        results.append((log_probs.detach(), [p.grad.clone() for p in actor.parameters()]))
-    (expected, expected_grads), (got, got_grads) = results
-    torch.testing.assert_close(got, expected, **TOL[dtype])
-    for grad, expected_grad in zip(got_grads, expected_grads):
-        torch.testing.assert_close(grad, expected_grad, **TOL[dtype])
+    assert_forward_equals_upstreams(actor, e, training_forward, e.action_mask, TOL[dtype], TOL[dtype])
 
 
 @pytest.mark.skipif(flash_attn_error() is not None, reason=str(flash_attn_error()))
@@ -86,16 +77,8 @@ def test_forwards_on_flash_attn_varlen_with_left_padded_prompts_equal_upstreams(
     assert actor.model.config._attn_implementation == "flash_attention_2"
     e = make_experience(actor, seed=46, rows=5, pg=None, left_pad=True)
     assert (e.attention_mask[:, 0] == 0).any()
-    results = []
-    for forward in (Actor.forward, training_forward):
-        actor.zero_grad(set_to_none=True)
-        log_probs = forward(actor, e.sequences, e.action_mask, e.attention_mask)
-        (log_probs * e.advantages).sum().backward()
-        results.append((log_probs.detach(), [p.grad.clone() for p in actor.parameters()]))
-    (expected, expected_grads), (got, got_grads) = results
-    torch.testing.assert_close(got, expected, **TOL[torch.bfloat16])
-    for grad, expected_grad in zip(got_grads, expected_grads):
-        torch.testing.assert_close(grad, expected_grad, **TOL[torch.bfloat16])
+    tolerance = TOL[torch.bfloat16]
+    expected = assert_forward_equals_upstreams(actor, e, training_forward, e.advantages, tolerance, tolerance)
     with torch.no_grad():
         log_probs, entropy = chunked_logits_log_probs(
             actor, e.sequences, e.action_mask, e.attention_mask, with_entropy=True

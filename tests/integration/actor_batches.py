@@ -103,6 +103,23 @@ def make_experience(actor, seed, rows=4, pg="random", left_pad=False):
     )
 
 
+def assert_forward_equals_upstreams(actor, e, forward, weight, values, grads):
+    """``forward(actor, ...)`` on ``e`` against ``Actor.forward``: the log-probs within ``values`` (assert_close
+    tolerances) and every parameter's gradient of ``(log_probs * weight).sum()`` within ``grads``. Returns
+    upstream's log-probs."""
+    results = []
+    for run in (Actor.forward, forward):
+        actor.zero_grad(set_to_none=True)
+        log_probs = run(actor, e.sequences, e.action_mask, e.attention_mask)
+        (log_probs * weight).sum().backward()
+        results.append((log_probs.detach(), [p.grad.clone() for p in actor.parameters()]))
+    (expected, expected_grads), (got, got_grads) = results
+    torch.testing.assert_close(got, expected, **values)
+    for grad, expected_grad in zip(got_grads, expected_grads):
+        torch.testing.assert_close(grad, expected_grad, **grads)
+    return expected
+
+
 def record_head_inputs(actor):
     """Shapes of the LM head's inputs, call by call."""
     shapes = []

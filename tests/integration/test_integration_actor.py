@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from actor_batches import (
     VOCAB,
+    assert_forward_equals_upstreams,
     load_actor,
     make_experience,
     point_cuda_at_cpu,
@@ -899,16 +900,8 @@ def test_training_forward_on_left_padded_prompts_equals_upstreams(model_dir, pac
     actor = load_actor(model_dir, temperature=0.7, packing_samples=packing)
     e = make_experience(actor, seed=45, rows=5, pg=None, left_pad=True)
     assert (e.attention_mask[:, 0] == 0).any()
-    results = []
-    for forward in (Actor.forward, training_forward):
-        actor.zero_grad(set_to_none=True)
-        log_probs = forward(actor, e.sequences, e.action_mask, e.attention_mask)
-        (log_probs * e.advantages).sum().backward()
-        results.append((log_probs.detach(), [p.grad.clone() for p in actor.parameters()]))
-    (expected, expected_grads), (got, got_grads) = results
-    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
-    for grad, expected_grad in zip(got_grads, expected_grads):
-        torch.testing.assert_close(grad, expected_grad, rtol=1e-4, atol=1e-6)
+    values, grads = dict(rtol=1e-5, atol=1e-6), dict(rtol=1e-4, atol=1e-6)
+    assert_forward_equals_upstreams(actor, e, training_forward, e.advantages, values, grads)
 
 
 @pytest.mark.parametrize("full_logits", [False, True], ids=["chunked-logits", "full-logits"])
