@@ -116,17 +116,21 @@ def run_pipeline(tmp_path):
     return run
 
 
-def _assert_clean_run(run, expected_steps):
+def _assert_clean_run(run, expected_steps, grad_every_step=True):
     assert run.returncode == 0, f"exit {run.returncode}\n{run.tail()}"
     assert not run.leftovers, f"processes outlived the run: {run.leftovers}"
     assert list(run.steps) == list(expected_steps), f"logged steps {list(run.steps)}\n{run.tail()}"
     for step, values in run.steps.items():
         assert math.isfinite(values["policy_loss"]), (step, values["policy_loss"])
-        assert values["actor_grad_norm"] > 0, (step, values["actor_grad_norm"])
+        if grad_every_step:
+            assert values["actor_grad_norm"] > 0, (step, values["actor_grad_norm"])
+    grads = {step: values["actor_grad_norm"] for step, values in run.steps.items()}
+    assert any(grad > 0 for grad in grads.values()), grads
 
 
 @pytest.fixture
 def assert_clean_run():
-    """``assert_clean_run(run, steps)``: exit 0, no process left, exactly these steps logged, finite loss and
-    non-zero gradient norm at every step."""
+    """``assert_clean_run(run, steps, grad_every_step=True)``: exit 0, no process left, exactly these steps logged,
+    finite loss at every step, a non-zero gradient norm at every step (at some step, if ``grad_every_step`` is
+    False). The norm upstream logs is that of the step's last optimizer step."""
     return _assert_clean_run

@@ -174,7 +174,10 @@ def test_fixed_updates_takes_the_full_batchs_optimizer_steps(toy_sft, run_pipeli
     }
     assert planned == {1: (32, 8), 2: (64, 8), 3: (96, 8)}, planned
     run = run_pipeline(pipeline.D3S_ENTRYPOINT, args, name="fixed_updates")
-    assert_clean_run(run, range(1, STEPS + 1))
+    # the logged norm is the last optimizer step's: at step 1, the second epoch's step on 4 of the 32 kept
+    # rollouts, 4 to 8 selected tokens, which PPO's clip (16% of step 1's tokens in a run here) can all zero (CI
+    # logged 0.0 once)
+    assert_clean_run(run, range(1, STEPS + 1), grad_every_step=False)
     for step, (kept, updates) in planned.items():
         values = run.steps[step]
         assert values["d3s/kept_rollouts"] == kept, (step, values)
