@@ -2,13 +2,18 @@
 steps, wall time and generated tokens, over several seeds and two tasks.
 
 Run from the repository root. One command runs the learning-rate sweep, then the study; each run is appended to
-OUT/speed_study.json as it ends and the runs already there are skipped, so running the same command again resumes a
-stopped invocation (a run cut off midway starts over):
+OUT/NAME.json (``--name``, speed_study) as it ends and the runs already there are skipped, so running the same
+command again resumes a stopped invocation (a run cut off midway starts over):
 
-    .venv/bin/python benchmarks/bench_speed.py [--out benchmarks/results]
+    .venv/bin/python benchmarks/bench_speed.py [--out benchmarks/results] [--name speed_study]
         [--tasks d3s_openrlhf.tasks.chainsum d3s_openrlhf.tasks.chainsum_tens] [--regimes passes fresh]
         [--arms GRPO GRPO+DF PODS D3S D3S-I] [--lrs 2.5e-5 5e-5 1e-4 2e-4] [--sweep-seeds 0 1] [--seeds 2 3]
-        [--phases sweep study rerun] [--rerun-seeds 0 1 2 3]
+        [--phases sweep study rerun fixed-rate] [--rerun-seeds 0 1 2 3] [--fixed-lr LR]
+        [--eval-early EVERY UNTIL] [--micro-batch 32]
+    # the equal-updates study (RESULTS.md section 9; --micro-batch 8: see below)
+    .venv/bin/python benchmarks/bench_speed.py --name equal_updates --tasks d3s_openrlhf.tasks.chainsum_tens \
+        --regimes fresh --phases fixed-rate --fixed-lr 2.5e-5 --seeds 4 5 6 7 --eval-early 2 20 --micro-batch 8 \
+        --arms GRPO GRPO+half-batch D3S D3S+fixed-updates D3S-I+fixed-updates PODS+fixed-updates
     .venv/bin/python benchmarks/bench_speed.py --quick --out /tmp/speed_quick   # the chain, in about 2 minutes
     .venv/bin/python benchmarks/report.py   # RESULTS.md, its section of benchmarks/results/speed_study.json
     .venv/bin/python benchmarks/report.py --speed OUT/speed_study.json --output OUT/speed_study.md  # any OUT alone
@@ -18,17 +23,27 @@ The protocol (the analysis and its document: ``benchmarks/reporting/speed.py``):
 - Arms (``ARMS``): GRPO, GRPO + upstream's dynamic filtering, PODS (n = 16, m = 4, max-variance), D3S and D3S-I, all
   at G = 16 rollouts per prompt, 8 prompts a step; and, named with ``--arms``, D3S + the history prior
   (``--d3s.prompt_skip history``), which acts only when prompts recur, so it ran in ``passes`` alone, in a later
-  batch than the study, beside reruns of D3S (``--phases rerun``).
+  batch than the study, beside reruns of D3S (``--phases rerun``). The optimizer steps apart: GRPO takes one per 32
+  trained rollouts (``--train.batch_size``), 4 per rollout step; D3S 1 -> 3, PODS 1. ``GRPO+half-batch`` takes 8
+  (``--train.batch_size 16``), and ``<arm>+fixed-updates`` (PODS, D3S, D3S-I with ``--d3s.optimizer_steps
+  fixed_updates``) GRPO's 4, each on kept / 4 rollouts. Fixed updates needs those to be whole micro-batches: at
+  ``--micro-batch`` 32 the kept counts round up to all 128 rollouts (nothing dropped; the run's start-up note says
+  so), at 8 they are D3S's own (32, 64, 96).
+- ``--phases fixed-rate --fixed-lr LR``: every ``--arms`` at LR on ``--seeds``, no sweep (phase ``fixed-rate``): the
+  arms as a user switches them on at GRPO's tuned rate. The equal-updates study runs it at GRPO's rate on
+  chainsum_tens fresh (2.5e-5, chosen in speed_study.json on seeds 0 and 1) on seeds 4-7, which chose nothing.
 - Every run trains ``--steps`` (150) rollout steps with ``--d3s.schedule_steps`` (:func:`rl_config`), in the regimes
   ``passes`` (the first ``--pool`` 200 RL prompts, cycled: 6 passes) and ``fresh`` (one pass over a 4000-prompt
   split). Per task, its regimes among ``--regimes`` are those of ``TASKS``: chainsum in both, chainsum_tens (the
   second task, on which chainsum's early saturation should not happen) in ``fresh``.
-- Held-out greedy accuracy every ``--eval-every`` (10) steps on ``--heldout`` (256) prompts, from the checkpoints the
-  run saves: after the run, in this process, with transformers' ``generate`` on the small model (no vLLM engine or
-  Ray to start per checkpoint), greedy alone (``--eval-samples 0``: the study reads nothing else); the checkpoints
-  are then deleted. Wall time is the sum of the steps' ``timing/step_total``: start-up, checkpoint saving and the
-  evaluations are not in it. A run is kept as its curve (each evaluation with its step, wall time and generated
-  tokens) and the totals of its steps' timings, generated tokens and skipped prompts: what the report reads.
+- Held-out greedy accuracy every ``--eval-every`` (10) steps, and with ``--eval-early EVERY UNTIL`` every EVERY steps
+  up to UNTIL (checkpoints then saved every EVERY steps, the others deleted unread: an early threshold is then not
+  read off the first evaluation), on ``--heldout`` (256) prompts, from the checkpoints the run saves: after the run,
+  in this process, with transformers' ``generate`` on the small model (no vLLM engine or Ray to start per
+  checkpoint), greedy alone (``--eval-samples 0``: the study reads nothing else); the checkpoints are then deleted.
+  Wall time is the sum of the steps' ``timing/step_total``: start-up, checkpoint saving and the evaluations are not
+  in it. A run is kept as its curve (each evaluation with its step, wall time and generated tokens) and the totals
+  of its steps' timings, generated tokens and skipped prompts: what the report reads.
 - Per task, once its warm start (the task's SFT, shared by every run) is evaluated and before its first run, the
   thresholds: warm start + ``--fractions`` (25%, 50%, 75%) of the gap to 1.0, stored in the JSON and never
   recomputed. The workdir is scratch: on a fresh machine the warm start is made again, and the study goes on only if
@@ -84,10 +99,9 @@ from pathlib import Path
 from bench_selection import cpu_model
 from d3s_openrlhf.testbed import evaluate, pipeline
 from d3s_openrlhf.testbed.metrics import read_train_scalars
-from reporting.speed import REFERENCE_LR, regime_analysis, thresholds
+from reporting.speed import FIXED_RATE, REFERENCE_LR, regime_analysis, thresholds
 
 HERE = Path(__file__).resolve().parent
-RESULTS_FILE = "speed_study.json"
 PROMPTS = 8  # prompts per step
 G = 16  # generated rollouts per prompt
 PODS_M = 4  # PODS trains m = 4 of its n = G (the paper's n = 4m; its GSM8K setting is m = 16, n = 64)
@@ -99,14 +113,20 @@ def _d3s(preset, n_init, n_final=None, *more):
 
 DYNAMIC_FILTERING = "--algo.dynamic_filtering_enable"  # upstream's range (0, 1): drops flat 0/1 groups
 HISTORY = ["--d3s.prompt_skip", "history"]
+FIXED_UPDATES = ["--d3s.optimizer_steps", "fixed_updates"]  # every step takes GRPO's optimizer steps
+HALF_BATCH = ["--train.batch_size", 16]  # half the optimizer batch (32, pipeline.demo_rl_config): twice the updates
 _SCHEDULE = ["--d3s.k_init", 0.2, "--d3s.k_final", 0.5]  # D3S's K, scaled to our 20-44 token responses
 # arm -> (generated rollouts per prompt, --d3s.* and upstream flags)
 ARMS = {
     "GRPO": (G, _d3s("d1s", G)),
     "GRPO+DF": (G, [*_d3s("d1s", G), DYNAMIC_FILTERING]),
+    "GRPO+half-batch": (G, [*_d3s("d1s", G), *HALF_BATCH]),
     "PODS": (G, _d3s("pods", PODS_M)),
+    "PODS+fixed-updates": (G, [*_d3s("pods", PODS_M), *FIXED_UPDATES]),
     "D3S": (G, _d3s("d3s", 4, 12, *_SCHEDULE)),
+    "D3S+fixed-updates": (G, [*_d3s("d3s", 4, 12, *_SCHEDULE), *FIXED_UPDATES]),
     "D3S-I": (G, _d3s("d3s-i", 4, 12, *_SCHEDULE)),
+    "D3S-I+fixed-updates": (G, [*_d3s("d3s-i", 4, 12, *_SCHEDULE), *FIXED_UPDATES]),
     "D3S+history": (G, [*_d3s("d3s", 4, 12, *_SCHEDULE), *HISTORY]),
 }
 STUDY_ARMS = ("GRPO", "GRPO+DF", "PODS", "D3S", "D3S-I")  # --arms' default
@@ -119,6 +139,7 @@ FRESH_PROMPTS = 4000  # the RL split: the fresh regime draws from it without cyc
 LRS = (2.5e-5, 5e-5, 1e-4, REFERENCE_LR)
 SWEEP_SEEDS, STUDY_SEEDS = (0, 1), (2, 3)
 EVAL_EVERY, HELDOUT = 10, 256
+MICRO_BATCH = 32  # training and rollout micro-batch (pipeline.demo_rl_config's)
 FRACTIONS = (0.25, 0.5, 0.75)  # thresholds: warm start + these shares of the gap to 1.0
 SUMMED = (  # a run's totals over its steps, as the report reads them
     "timing/step_total",
@@ -135,17 +156,25 @@ PROTOCOL = (
     "quick",
     "steps",
     "eval_every",
+    "eval_early",
+    "micro_batch",
     "prompts_per_step",
     "pool",
     "heldout",
     "eval_samples",
     "fractions",
 )
+LEGACY_PROTOCOL = dict(eval_early=None, micro_batch=MICRO_BATCH)  # a document from before these keys ran with these
 
 
 def parse_options(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=str(HERE / "results"), help="results directory")
+    parser.add_argument(
+        "--name",
+        default="speed_study",
+        help="the study's name: it is OUT/NAME.json (report.py reads speed_study and equal_updates)",
+    )
     parser.add_argument("--workdir", default=None, help="scratch directory (default: OUT/speed_runs)")
     parser.add_argument(
         "--tasks", nargs="+", default=None, help=f"task modules (default: {' '.join(TASKS)}; --quick: chainsum)"
@@ -163,13 +192,32 @@ def parse_options(argv=None):
         "--phases",
         nargs="+",
         default=["sweep", "study"],
-        choices=("sweep", "study", "rerun"),
+        choices=("sweep", "study", "rerun", FIXED_RATE),
         help="rerun: the --arms again at their chosen rates on --rerun-seeds, kept apart (phase rerun), so that the "
-        "generation level's arms, run in a later batch, are compared with GRPO and D3S timed in the same batch",
+        "generation level's arms, run in a later batch, are compared with GRPO and D3S timed in the same batch; "
+        f"{FIXED_RATE}: every --arms at the one rate --fixed-lr on --seeds, no sweep (an arm switched on at GRPO's "
+        "tuned rate, as a user who runs no sweep does)",
     )
+    parser.add_argument("--fixed-lr", type=float, default=None, help=f"the rate of --phases {FIXED_RATE}")
     parser.add_argument("--rerun-seeds", type=int, nargs="+", default=[*SWEEP_SEEDS, *STUDY_SEEDS])
     parser.add_argument("--steps", type=int, default=STEPS, help="rollout steps per run")
     parser.add_argument("--eval-every", type=int, default=EVAL_EVERY)
+    parser.add_argument(
+        "--eval-early",
+        type=int,
+        nargs=2,
+        default=None,
+        metavar=("EVERY", "UNTIL"),
+        help="also evaluate every EVERY steps up to step UNTIL (checkpoints saved every EVERY steps; those not "
+        "evaluated are deleted), so that an early threshold is not read at the first evaluation",
+    )
+    parser.add_argument(
+        "--micro-batch",
+        type=int,
+        default=MICRO_BATCH,
+        help="training and rollout micro-batch; fixed updates needs kept / U rollouts (8 at N 4 of 16) to be whole "
+        "micro-batches",
+    )
     parser.add_argument("--heldout", type=int, default=HELDOUT, help="held-out prompts")
     parser.add_argument("--eval-samples", type=int, default=0, help="sampled responses per held-out prompt (0: none)")
     parser.add_argument("--prompts", type=int, default=PROMPTS, help="prompts per RL step")
@@ -187,6 +235,7 @@ def parse_options(argv=None):
     options = parser.parse_args(argv)
     if options.quick:
         options.steps, options.eval_every, options.heldout, options.pool = 4, 2, 16, 2 * options.prompts
+        options.eval_early = None
         options.lrs, options.sweep_seeds, options.seeds, options.rerun_seeds = [REFERENCE_LR], [0], [], [0]
     options.tasks = options.tasks or (["d3s_openrlhf.tasks.chainsum"] if options.quick else list(TASKS))
     options.arms = options.arms or list(QUICK_ARMS if options.quick else STUDY_ARMS)
@@ -198,6 +247,15 @@ def parse_options(argv=None):
         raise SystemExit(f"--fractions {options.fractions} must lie between 0 and 1")
     if "passes" in options.regimes:
         check_pool(options.pool, options.prompts, options.steps)
+    if (FIXED_RATE in options.phases) != (options.fixed_lr is not None):
+        raise SystemExit(f"--phases {FIXED_RATE} and --fixed-lr go together")
+    if options.eval_early and not (0 < options.eval_early[0] <= options.eval_early[1]):
+        raise SystemExit(f"--eval-early {options.eval_early}: EVERY must be positive and at most UNTIL")
+    if options.eval_early and options.eval_every % options.eval_early[0]:
+        raise SystemExit(
+            f"--eval-every {options.eval_every} must be a multiple of --eval-early's EVERY {options.eval_early[0]}: "
+            "checkpoints are saved every EVERY steps"
+        )
     return options
 
 
@@ -211,7 +269,15 @@ def task_overrides(options):
 def protocol(options):
     """The settings every run of one --out shares (``PROTOCOL``)."""
     values = dict(vars(options), prompts_per_step=options.prompts, fractions=list(options.fractions))
+    values["eval_early"] = values["eval_early"] and list(values["eval_early"])
     return {key: values[key] for key in PROTOCOL}
+
+
+def evaluated_steps(steps, eval_every, eval_early):
+    """The steps whose checkpoints are evaluated (the final model, at ``steps``, always is): every ``eval_every``,
+    and every ``eval_early[0]`` up to ``eval_early[1]``."""
+    early = set(range(eval_early[0], eval_early[1] + 1, eval_early[0])) if eval_early else set()
+    return sorted({step for step in range(eval_every, steps + 1, eval_every)} | early | {steps})
 
 
 def check_pool(pool, prompts, steps):
@@ -232,20 +298,20 @@ def drops_prompts(arm):
     return "--d3s.prompt_skip" in flags or DYNAMIC_FILTERING in flags
 
 
-def rl_config(prepared, arm, seed, steps, eval_every, prompts, fp32, pool, lr):
+def rl_config(prepared, arm, seed, steps, save_every, prompts, fp32, pool, lr, micro_batch=MICRO_BATCH):
     """The run's configuration: exactly ``steps`` rollout steps with --d3s.schedule_steps ``steps`` over the first
     ``pool`` RL prompts (the passes regime's pool, or the whole RL split of the fresh one), at learning rate ``lr``:
     the arms that drop prompts by their fixed steps, cycling over the pool as often as they need, the others by
     upstream's passes (whole passes over the pool; over a pool of more than ``steps`` x ``prompts``, one pass over
-    its first ones)."""
+    its first ones); a checkpoint every ``save_every`` steps (0: none)."""
     group, flags = ARMS[arm]
     pass_steps, episodes = pool // prompts, 1
     if not drops_prompts(arm):
         pass_steps = min(pass_steps, steps)
         episodes = steps // pass_steps
     extra = [*flags, "--d3s.schedule_steps", steps]
-    if eval_every:
-        extra += ["--ckpt.save_steps", eval_every, "--ckpt.save_hf", "--ckpt.disable_ds"]
+    if save_every:
+        extra += ["--ckpt.save_steps", save_every, "--ckpt.save_hf", "--ckpt.disable_ds"]
     config = pipeline.demo_rl_config(pipeline.TaskConfig(), episodes=episodes, prepared=prepared)
     return dataclasses.replace(
         config,
@@ -256,17 +322,36 @@ def rl_config(prepared, arm, seed, steps, eval_every, prompts, fp32, pool, lr):
         extra=extra,
         fp32=fp32,
         lr=lr,
+        micro_batch_size=micro_batch,
     )
 
 
-def run(prepared, task, arm, seed, workdir, steps, eval_every, samples, prompts, fp32, regime, pool, lr, cap):
-    """One RL run (``d3s_openrlhf.cli.train_ppo_ray`` on the CPU runtime) and its held-out evaluations, its saved
-    models deleted once evaluated (its log and events stay); returns the per-step metrics (``KEYS``) and the
-    evaluation curve. ``regime``: "passes" over the first ``pool`` prompts, or "fresh" ones (``pool``: the whole RL
-    split). A run still going after ``cap`` seconds is stopped and kept as it is (``stopped``: its logged steps and
-    the checkpoints saved before its last logged step; a policy that collapsed under dynamic filtering at fixed steps
-    can spend hours generating groups that are all flat)."""
-    config = rl_config(prepared, arm, seed, steps, eval_every, prompts, fp32, pool, lr)
+def run(
+    prepared,
+    task,
+    arm,
+    seed,
+    workdir,
+    steps,
+    eval_every,
+    samples,
+    prompts,
+    fp32,
+    regime,
+    pool,
+    lr,
+    cap,
+    eval_early=None,
+    micro_batch=MICRO_BATCH,
+):
+    """One RL run (``d3s_openrlhf.cli.train_ppo_ray`` on the CPU runtime) and its held-out evaluations at
+    :func:`evaluated_steps`, its saved models deleted (its log and events stay); returns the per-step metrics
+    (``KEYS``) and the evaluation curve. ``regime``: "passes" over the first ``pool`` prompts, or "fresh" ones
+    (``pool``: the whole RL split). A run still going after ``cap`` seconds is stopped and kept as it is
+    (``stopped``: its logged steps and the checkpoints saved before its last logged step; a policy that collapsed
+    under dynamic filtering at fixed steps can spend hours generating groups that are all flat)."""
+    save_every = eval_early[0] if eval_early else eval_every
+    config = rl_config(prepared, arm, seed, steps, save_every, prompts, fp32, pool, lr, micro_batch)
     name = f"speed-{regime}-{arm}-lr{lr:g}-seed{seed}"
     run_dir = os.path.join(workdir, name)
     shutil.rmtree(run_dir, ignore_errors=True)  # a run stopped before: its events and checkpoints would mix in
@@ -289,6 +374,8 @@ def run(prepared, task, arm, seed, workdir, steps, eval_every, samples, prompts,
         int(CHECKPOINT.search(path).group(1)): path
         for path in glob.glob(os.path.join(run_dir, "checkpoints", "global_step*_hf"))
     }
+    wanted = set(evaluated_steps(steps, eval_every, eval_early))
+    models = {step: path for step, path in models.items() if step in wanted}
     if stopped:  # no final model; a checkpoint of the last logged step may have been cut off while it was written
         models = {step: path for step, path in models.items() if step < len(logged)}
     else:
@@ -339,8 +426,9 @@ def open_document(options, path):
     document = json.loads(Path(path).read_text()) if os.path.exists(path) else empty
     mine = protocol(options)
     for key in PROTOCOL:
-        if document["protocol"][key] != mine[key]:
-            raise SystemExit(f"{path} holds a study with {key} {document['protocol'][key]}; give another --out")
+        theirs = document["protocol"].get(key, LEGACY_PROTOCOL.get(key))
+        if theirs != mine[key]:
+            raise SystemExit(f"{path} holds a study with {key} {theirs}; give another --out")
     return document
 
 
@@ -485,6 +573,8 @@ def run_one(options, prepared, document, path, workdir, key, phase):
         pool=options.pool if regime == "passes" else n_prompts,
         lr=lr,
         cap=options.run_cap,
+        eval_early=options.eval_early,
+        micro_batch=options.micro_batch,
     )
     warm_start = document["tasks"][task]["warm_start"]["greedy"]
     entry = record(result, task, regime, arm, lr, seed, phase, warm_start)
@@ -529,7 +619,7 @@ def main(argv=None):
     options = parse_options(argv)
     out = os.path.abspath(options.out)
     workdir = os.path.abspath(options.workdir or os.path.join(out, "speed_runs"))
-    path = os.path.join(out, RESULTS_FILE)
+    path = os.path.join(out, f"{options.name}.json")
     document = open_document(options, path)
     for directory in (out, workdir):
         os.makedirs(directory, exist_ok=True)
@@ -553,7 +643,13 @@ def main(argv=None):
             for task, regime, arm in cells:
                 lr = chosen_lr(options, document, task, regime, arm)
                 run_one(options, prepared, document, path, workdir, (task, regime, arm, lr, seed), "rerun")
-    report = f"benchmarks/report.py --speed {path} --output {os.path.join(out, 'speed_study.md')}"
+    if FIXED_RATE in options.phases:
+        for seed in options.seeds:
+            for task, regime, arm in cells:
+                run_one(
+                    options, prepared, document, path, workdir, (task, regime, arm, options.fixed_lr, seed), FIXED_RATE
+                )
+    report = f"benchmarks/report.py --speed {path} --output {os.path.join(out, options.name + '.md')}"
     print(f"wrote {path} ({time.time() - started:.0f}s); its report alone: .venv/bin/python {report}", flush=True)
     return path
 

@@ -9,10 +9,10 @@ section 2), ``selection.json`` (bench_selection.py, section 3), ``memory.json`` 
 5), for section 6 ``gpu_h200_2026-11-26.json`` (the team's H200 measurement), ``actor_gpu*.json``
 (bench_actor_gpu.py) and ``cuda_tests.json`` (the suite's CUDA tests on a GPU machine), ``evaluate.json``
 (bench_evaluate.py, section 7), ``lora_sync_merged.json`` / ``lora_sync_adapter.json`` (bench_lora_sync.py,
-section 8). Every number, comparison and line of the head is computed from those files (by
-``benchmarks/reporting/``; this file parses the command line and assembles the document), so a rerun of
-``benchmarks/run_all.sh`` regenerates the whole document consistently. The studies it superseded are static text
-in ``benchmarks/SUPERSEDED.md``.
+section 8), ``equal_updates.json`` (bench_speed.py ``--name equal_updates``, section 9). Every number, comparison
+and line of the head is computed from those files (by ``benchmarks/reporting/``; this file parses the command line
+and assembles the document), so a rerun of ``benchmarks/run_all.sh`` regenerates the whole document consistently.
+The studies it superseded are static text in ``benchmarks/SUPERSEDED.md``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ HERE = Path(__file__).resolve().parent
 NUMBERS = {
     name: number
     for number, name in enumerate(
-        ("speed", "step_cost", "selection", "memory", "forward", "actor_gpu", "evaluate", "lora_sync"), 1
+        ("speed", "step_cost", "selection", "memory", "forward", "actor_gpu", "evaluate", "lora_sync", "equal_updates"),
+        1,
     )
 }
 
@@ -60,6 +61,7 @@ def results_document(results):
     actor_documents = gpu_actor_documents(results)
     sections.plot_step_cost(cost["points"], results / "step_cost.png")
     speed_lines, speed_head = speed.speed_section(results / "speed_study.json", NUMBERS["speed"])
+    equal_lines, equal_head = speed.speed_section(results / "equal_updates.json", NUMBERS["equal_updates"])
     lines = [
         "# Benchmarks: what D3S costs and saves",
         "",
@@ -72,6 +74,7 @@ def results_document(results):
         "",
         "**What stands today.**",
         *speed_head,
+        *equal_head,
         *sections.head_lines(cost, memory, evaluate, lora_sync, NUMBERS),
         *gpu.head_lines(forward_gpu, actor_documents, NUMBERS),
         "",
@@ -90,7 +93,7 @@ def results_document(results):
         lines += ["", *sections.evaluate_section(evaluate, NUMBERS["evaluate"])]
     if lora_sync is not None:
         lines += ["", *sections.lora_sync_section(merged, adapter, NUMBERS["lora_sync"])]
-    return lines
+    return lines + ["", *equal_lines]
 
 
 def main(argv=None):

@@ -11,8 +11,9 @@ run's end it stays at its last value (the model a run has at a later time is its
   run's end on that clock and a lower bound on the truth.
 - **Censored values in means and ratios** (``stats.Interval``): a mean over seeds with a censored seed is a lower
   bound (``>=``); the ratio of an arm's mean to a baseline's is a lower bound where only the arm has censored
-  seeds, an upper bound (``<=``) where only the baseline has, and unknown where both have. Every bootstrap
-  resample's value is bounded the same way, so the interval's ends carry the same bound.
+  seeds, an upper bound (``<=``) where only the baseline has, and unknown where both have; the interval's ends
+  carry the same bound. Intervals are Student-t over seeds: of a mean, and of a ratio on the log scale
+  (``stats.log_ratio``: the ratio of geometric seed means).
 - **Area under the curve up to a budget** (:func:`area`): the mean held-out greedy accuracy over wall time
   ``[0, budget]``.
 - **The learning rate** (:func:`choose_lr`): per task, regime and arm, the rate of the sweep with the highest
@@ -20,6 +21,9 @@ run's end it stays at its last value (the model a run has at a later time is its
   one budget shared by every arm and rate of that task and regime.
 - **A collapsed run** (:func:`collapsed`): its final held-out greedy accuracy is more than ``COLLAPSE`` below the
   warm start's.
+- **One rate for every arm** (phase ``fixed-rate``, bench_speed.py ``--phases fixed-rate --fixed-lr``): no sweep;
+  every arm at that rate, as a user who switches an arm on at GRPO's tuned rate runs it; its seeds took no part in
+  choosing a rate.
 - **Reruns**: an arm timed again at its chosen rate in a later batch (phase ``rerun``) is reported as an arm of its
   own (``RERUN``) and takes no part in the choice: the arms of that batch are compared with it, free of the
   machine's drift between batches.
@@ -36,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .stats import bootstrap_mean, bootstrap_ratio, mean_std, overlap
+from .stats import log_ratio, mean_std, overlap, t_mean
 
 COLLAPSE = 0.1  # a run whose final greedy accuracy ends more than this below the warm start's has collapsed
 REFERENCE_LR = 2e-4  # today's rate: GRPO's total wall time at it is the sweep's budget
@@ -48,6 +52,8 @@ EXTENDS = {"D3S+history": "D3S"}
 # an arm timed again at its chosen rate in a later batch (bench_speed.py --phases rerun) is reported as this arm,
 # beside the arms of that batch: the machine's speed drifted 10-25% between batches (2026-11-27)
 RERUN = " rerun"  # the suffix of such an arm's name
+FIXED_RATE = "fixed-rate"  # the phase of runs at one rate given for every arm, without a sweep
+UNCHOSEN = (FIXED_RATE, "study")  # phases of runs at a rate their own seeds took no part in choosing
 
 
 def _clock(curve, clock):
@@ -158,14 +164,13 @@ def arm_analysis(runs, levels, grpo_wall, warm_start):
     """One arm's study runs (its chosen rate): final accuracy, collapses, times to each threshold per clock,
     accuracy at and area up to GRPO's total wall time (None without GRPO), step costs."""
     times = [{clock: [time_to(run["curve"], level, clock) for run in runs] for clock in CLOCKS} for level in levels]
-    rng = np.random.default_rng(0)
     return dict(
         seeds=sorted(run["seed"] for run in runs),
         final=[run["curve"][-1]["greedy"] for run in runs],
         collapsed=[run["seed"] for run in runs if collapsed(run["curve"], warm_start)],
         total_wall=float(np.mean([run["curve"][-1]["wall"] for run in runs])),
         times=times,
-        mean_times=[{clock: bootstrap_mean(level[clock], rng) for clock in CLOCKS} for level in times],
+        mean_times=[{clock: t_mean(level[clock]) for clock in CLOCKS} for level in times],
         first_evaluation=[sum(before_first_evaluation(run["curve"], level) for run in runs) for level in levels],
         at_grpo_wall=None if grpo_wall is None else [value_at(run["curve"], "wall", grpo_wall) for run in runs],
         area=None if grpo_wall is None else [area(run["curve"], grpo_wall) for run in runs],
@@ -227,7 +232,8 @@ def regime_analysis(document, task, regime):
             for arm, rates in sweep.items()
             if not missing[arm]
         }
-    arm_lr = {**chosen, **{arm + RERUN: lr for arm, lr in chosen.items()}}
+    fixed = {run["arm"]: run["lr"] for run in every if run["phase"] == FIXED_RATE and run["arm"] not in chosen}
+    arm_lr = {**fixed, **chosen, **{arm + RERUN: lr for arm, lr in chosen.items()}}
     study = {arm: mine for arm, lr in arm_lr.items() if (mine := arm_runs(every, arm, lr))}
     grpo_wall = float(np.mean([run["curve"][-1]["wall"] for run in study["GRPO"]])) if "GRPO" in study else None
     arms = {arm: arm_analysis(runs, levels, grpo_wall, warm_start) for arm, runs in study.items()}
@@ -236,9 +242,8 @@ def regime_analysis(document, task, regime):
         m["at_sweep_edge"] = arm in chosen and at_sweep_edge(chosen[arm], list(sweep[arm]))
         m["ratios"], m["overlap"] = {}, {}
         for base in _bases(arm, arms):
-            rng = np.random.default_rng(0)
             m["ratios"][base] = [
-                {clock: bootstrap_ratio(mine[clock], theirs[clock], rng) for clock in CLOCKS}
+                {clock: log_ratio(mine[clock], theirs[clock]) for clock in CLOCKS}
                 for mine, theirs in zip(m["times"], arms[base]["times"])
             ]
             m["overlap"][base] = [
@@ -247,14 +252,13 @@ def regime_analysis(document, task, regime):
             ]
     # the rates were chosen on the sweep's seeds, which then count in the study: the study's own seeds alone
     # are free of that selection (wall clock)
-    fresh = {arm: [run for run in runs if run["phase"] == "study"] for arm, runs in study.items()}
+    fresh = {arm: [run for run in runs if run["phase"] in UNCHOSEN] for arm, runs in study.items()}
     for arm, m in arms.items():
         m["study_seeds"] = sorted(run["seed"] for run in fresh[arm])
         m["study_ratios"] = {}
         for base in (b for b in _bases(arm, arms) if fresh[b] and fresh[arm]):
-            rng = np.random.default_rng(0)
             m["study_ratios"][base] = [
-                bootstrap_ratio(*([time_to(run["curve"], level, "wall") for run in fresh[a]] for a in (arm, base)), rng)
+                log_ratio(*([time_to(run["curve"], level, "wall") for run in fresh[a]] for a in (arm, base)))
                 for level in levels
             ]
     collapses = [
@@ -282,6 +286,7 @@ def regime_analysis(document, task, regime):
         reference_seeds=sorted(run["seed"] for run in reference),
         sweep=sweep,
         chosen=chosen,
+        fixed=fixed,
         incomplete={arm: gaps for arm, gaps in missing.items() if gaps},
         grpo_wall=grpo_wall,
         arms=arms,
@@ -305,9 +310,13 @@ GRID = 60  # points of the seed-mean curves on the wall-time and token clocks
 ARM_COLORS = {
     "GRPO": "tab:gray",
     "GRPO+DF": "tab:red",
+    "GRPO+half-batch": "black",
     "PODS": "tab:orange",
+    "PODS+fixed-updates": "tab:brown",
     "D3S": "tab:blue",
+    "D3S+fixed-updates": "tab:purple",
     "D3S-I": "tab:green",
+    "D3S-I+fixed-updates": "tab:olive",
     "D3S+history": "tab:cyan",
 }
 _D3S = "N 4 -> 12, K 0.2 -> 0.5"
@@ -317,8 +326,33 @@ ARM_TEXT = {  # the arms of speed_study.json, in words
     "D3S": f"D3S ({_D3S})",
     "D3S-I": f"D3S-I ({_D3S}, intra-group)",
     "D3S+history": "D3S + the history prior (`--d3s.prompt_skip history`; in the passes regime, where prompts recur)",
+    "GRPO+half-batch": "GRPO with half its optimizer batch (`--train.batch_size 16`: twice its optimizer steps)",
+    "PODS+fixed-updates": "PODS with fixed updates (`--d3s.optimizer_steps fixed_updates`: GRPO's optimizer steps)",
+    "D3S+fixed-updates": f"D3S with fixed updates ({_D3S}, `--d3s.optimizer_steps fixed_updates`)",
+    "D3S-I+fixed-updates": f"D3S-I with fixed updates ({_D3S}, intra-group, `--d3s.optimizer_steps fixed_updates`)",
 }
 COMMAND = "`.venv/bin/python benchmarks/bench_speed.py --out benchmarks/results`"
+ARMS_AT_GRPOS_RATE = (
+    "GRPO GRPO+half-batch D3S D3S+fixed-updates D3S-I+fixed-updates PODS+fixed-updates"  # the equal-updates study's
+)
+EQUAL_UPDATES_COMMAND = (
+    "`.venv/bin/python benchmarks/bench_speed.py --name equal_updates --tasks d3s_openrlhf.tasks.chainsum_tens "
+    f"--regimes fresh --phases {FIXED_RATE} --fixed-lr 2.5e-5 --arms {ARMS_AT_GRPOS_RATE} --seeds 4 5 6 7 "
+    "--eval-early 2 20 --micro-batch 8`"
+)
+# results file stem -> (its section's title, its label in RESULTS.md's head, its command and what it costs)
+SECTIONS = {
+    "speed_study": (
+        "Speed to fixed accuracies, each arm at its tuned learning rate",
+        "Speed",
+        f"{COMMAND} (about 9 hours on 2 CPU cores; it appends run by run and resumes)",
+    ),
+    "equal_updates": (
+        "Equal updates: every arm at GRPO's tuned rate, the optimizer steps apart",
+        "Equal updates",
+        f"{EQUAL_UPDATES_COMMAND} (about 80 minutes on 2 CPU cores)",
+    ),
+}
 
 
 def _task_name(task):
@@ -418,6 +452,9 @@ def plot_runs(document, analyses, regime, path):
 def _sweep_lines(analysed):
     lrs = sorted({lr for rates in analysed["sweep"].values() for lr in rates})
     budget = analysed["budget"]
+    if not analysed["sweep"] and analysed["fixed"]:
+        rates = ", ".join(f"{lr:g}" for lr in dict.fromkeys(analysed["fixed"].values()))
+        return [f"**Learning rate.** No sweep: every arm at lr {rates} (`--phases {FIXED_RATE} --fixed-lr`)."]
     if budget is None:
         head = (
             f"**Learning rates.** No choice yet: the sweep's budget is GRPO's total wall time at lr {REFERENCE_LR:g}, "
@@ -542,7 +579,7 @@ def _skip_lines(analysed):
 
 def _time_lines(analysed):
     lines = [
-        "**Time to each threshold** (seed mean with its 95% bootstrap interval over seeds; interpolated linearly "
+        "**Time to each threshold** (seed mean with its 95% t-interval over seeds; interpolated linearly "
         "between evaluations; a seed that never reached the threshold counts at its run's end, which makes the mean "
         "a lower bound, marked >=):",
         "",
@@ -572,8 +609,8 @@ def _time_lines(analysed):
 def _ratio_lines(analysed, base):
     grpo = analysed["arms"][base]
     lines = [
-        f"**Ratios to {base}** (lr {grpo['lr']:g}): the arm's seed-mean time over {base}'s, with the 95% percentile "
-        "interval of the ratio when both sides' seeds are resampled (>=: a lower bound, the arm had censored seeds; "
+        f"**Ratios to {base}** (lr {grpo['lr']:g}): the arm's geometric seed-mean time over {base}'s, with the 95% "
+        "Welch t-interval of the log ratio (>=: a lower bound, the arm had censored seeds; "
         "<=: an upper bound, the baseline had); overlap: whether the two seed-mean intervals of the time above "
         "overlap (unknown where a censored one may still move):",
         "",
@@ -609,7 +646,14 @@ def _replay_lines(analysed):
 
 
 def _study_seed_lines(analysed, base):
-    arms = {arm: m for arm, m in analysed["arms"].items() if arm != base and base in m["study_ratios"]}
+    """The ratios on the seeds that chose no rate, where other seeds count in the ratio tables too."""
+    arms = {
+        arm: m
+        for arm, m in analysed["arms"].items()
+        if arm != base
+        and base in m["study_ratios"]
+        and (m["study_seeds"], analysed["arms"][base]["study_seeds"]) != (m["seeds"], analysed["arms"][base]["seeds"])
+    }
     if not arms:
         return []
     seeds = ", ".join(map(str, analysed["arms"][base]["study_seeds"]))
@@ -666,19 +710,35 @@ def regime_lines(document, analysed, heading):
     return lines + (["", *replays] if replays else [])
 
 
-def _commands(runs):
-    """The commands that ran ``runs``: the study's (the sweep, then the study), then those of the arms and reruns
-    named apart."""
+def _commands(runs, protocol, name):
+    """The commands that ran ``runs`` (of the study ``name``): the study's (the sweep, then the study), then those of
+    the arms and reruns named apart; or the one of a study at one rate."""
     named = [arm for arm in dict.fromkeys(run["arm"] for run in runs) if arm in EXTENDS]
     reruns = list(dict.fromkeys(run["arm"] for run in runs if run["phase"] == "rerun"))
     extra = [f"`--arms {' '.join(named)}`"] if named else []
     extra += [f"`--arms {' '.join(reruns)} --phases rerun`"] if reruns else []
+    fixed = [run for run in runs if run["phase"] == FIXED_RATE]
+    if fixed and len(fixed) == len(runs):
+        flags = dict(
+            name=name,
+            tasks=" ".join(dict.fromkeys(run["task"] for run in fixed)),
+            regimes=" ".join(dict.fromkeys(run["regime"] for run in fixed)),
+            phases=FIXED_RATE,
+            fixed_lr=f"{fixed[0]['lr']:g}",
+            seeds=" ".join(map(str, sorted({run["seed"] for run in fixed}))),
+            eval_early=protocol.get("eval_early") and " ".join(map(str, protocol["eval_early"])),
+            micro_batch=protocol.get("micro_batch"),
+            arms=" ".join(dict.fromkeys(run["arm"] for run in fixed)),
+        )
+        given = " ".join(f"--{flag.replace('_', '-')} {value}" for flag, value in flags.items() if value)
+        return f"`.venv/bin/python benchmarks/bench_speed.py {given}` (each run appended as it ends; see its docstring)"
     study = f"{COMMAND} (the sweep, then the study, each run appended as it ends; see its docstring)"
     return study + "".join(f", then {command}" for command in extra)
 
 
-def speed_body(document, analyses, plots, heading="###"):
-    """The study's lines; ``plots``: regime -> (the study's plot, every run's plot), as the document links them."""
+def speed_body(document, analyses, plots, heading="###", name="speed_study"):
+    """The lines of the study ``name``; ``plots``: regime -> (the study's plot, every run's plot), as the document
+    links them."""
     runs = document["runs"]
     protocol = document["protocol"]
     tasks = document["tasks"].values()
@@ -690,19 +750,31 @@ def speed_body(document, analyses, plots, heading="###"):
     ) / 60
     seeds = sorted({run["seed"] for run in runs})
     lrs = sorted({run["lr"] for run in runs})
+    early = protocol.get("eval_early")
+    every = f"every {protocol['eval_every']} steps" + (
+        f" (and every {early[0]} up to step {early[1]})" if early else ""
+    )
+    swept = any(run["phase"] != FIXED_RATE for run in runs)
+    rates = (
+        "each at the rate its sweep chose; the sweep's seeds at that rate count in the study"
+        if swept
+        else "every arm at the one rate given"
+    )
+    micro = protocol.get("micro_batch")
     lines = [
-        f"Command: {_commands(runs)}, then `benchmarks/report.py`. "
+        f"Command: {_commands(runs, protocol, name)}, then `benchmarks/report.py`. "
         f"Machine: {'; '.join(machines)}. Dates: {dates[0]} to {dates[-1]}. Duration: {minutes:.0f} minutes of runs, "
         f"evaluations and warm starts ({len(runs)} runs). Seeds: {', '.join(map(str, seeds))}; rates: "
         f"{', '.join(f'{lr:g}' for lr in lrs)}.",
         "",
         f"Every arm trains {protocol['steps']} steps of {protocol['prompts_per_step']} prompts x G = 16 rollouts "
-        "(`--d3s.schedule_steps`); held-out greedy accuracy every "
-        f"{protocol['eval_every']} steps from saved checkpoints; wall time is the sum of the steps' "
+        f"(`--d3s.schedule_steps`)"
+        + (f", micro-batches of {micro}" if micro else "")
+        + f"; held-out greedy accuracy {every} from saved checkpoints; wall time is the sum of the steps' "
         "`timing/step_total` (Ray and vLLM start-up, checkpoint saving and the evaluations excluded); generated "
         "tokens count every response generated. Arms: "
         + ", ".join(ARM_TEXT.get(arm, arm) for arm in dict.fromkeys(run["arm"] for run in runs))
-        + "; each at the rate its sweep chose; the sweep's seeds at that rate count in the study.",
+        + f"; {rates}.",
     ]
     reruns = list(dict.fromkeys(run["arm"] + RERUN for run in runs if run["phase"] == "rerun"))
     if reruns:
@@ -741,20 +813,23 @@ def write_plots(document, analyses, directory, prefix):
 
 
 def speed_section(path, number):
-    """RESULTS.md's section of ``speed_study.json`` (its plots written beside it, linked as ``results/...``) and
-    its lines in RESULTS.md's head: ``(section, head)``; the command to run where the file is missing."""
-    title = f"## {number}. Speed to fixed accuracies, each arm at its tuned learning rate"
+    """RESULTS.md's section of a study of bench_speed.py (``SECTIONS``: ``speed_study.json``, ``equal_updates.json``;
+    its plots written beside it, linked as ``results/...``) and its lines in RESULTS.md's head: ``(section,
+    head)``; the command to run where the file is missing."""
+    stem = Path(path).stem
+    heading, label, command = SECTIONS[stem]
+    title = f"## {number}. {heading}"
     if not Path(path).exists():
-        command = f"{COMMAND} (about 9 hours on 2 CPU cores; it appends run by run and resumes)"
         return [title, "", f"Not run yet: {command}, then `report.py`."], []
     document = json.loads(Path(path).read_text())
     analyses = speed_analysis(document)
-    plots = write_plots(document, analyses, Path(path).parent, "speed_study")
+    plots = write_plots(document, analyses, Path(path).parent, stem)
     linked = {regime: tuple(name and f"results/{name}" for name in names) for regime, names in plots.items()}
-    return [title, "", *speed_body(document, analyses, linked)], head_lines(document, analyses, number)
+    body = speed_body(document, analyses, linked, name=stem)
+    return [title, "", *body], head_lines(document, analyses, number, label)
 
 
-def head_lines(document, analyses, number):
+def head_lines(document, analyses, number, label="Speed"):
     """Per task and regime with arms at their chosen rates, each arm's wall time to each threshold as a ratio to
     its base (GRPO; for an arm that extends another, that arm's rerun where it ran, else that arm), with its
     interval, and which arms are faster or slower at every threshold; reruns are left out."""
@@ -784,7 +859,7 @@ def head_lines(document, analyses, number):
         title = REGIME_TITLES[analysed["regime"]].format(pool=document["protocol"]["pool"])
         levels = " / ".join(f"{level:.3f}" for level in analysed["thresholds"])
         lines.append(
-            f"- Speed (section {number}), `{_task_name(analysed['task'])}`, {title}, seeds {seeds}: wall time to "
+            f"- {label} (section {number}), `{_task_name(analysed['task'])}`, {title}, seeds {seeds}: wall time to "
             f"{levels} held-out greedy as a ratio (95% intervals): {'; '.join(ratios)}. "
             + (f"{verdict[0].upper()}{verdict[1:]}; every other" if verdict else "Every")
             + " arm's interval holds 1 at some threshold."
@@ -797,7 +872,7 @@ def speed_main(path, output):
     document = json.loads(Path(path).read_text())
     analyses = speed_analysis(document)
     plots = write_plots(document, analyses, Path(output).parent, Path(output).stem)
-    lines = ["# Speed to fixed accuracies", "", *speed_body(document, analyses, plots, "##")]
+    lines = ["# Speed to fixed accuracies", "", *speed_body(document, analyses, plots, "##", Path(path).stem)]
     Path(output).write_text("\n".join(lines) + "\n")
     print(f"wrote {output} and its plots")
     return output

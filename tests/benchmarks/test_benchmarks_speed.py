@@ -1,7 +1,8 @@
 """The speed study (benchmarks/bench_speed.py, benchmarks/reporting/speed.py, the statistics of
 benchmarks/reporting/stats.py) on synthetic curves: interpolated times to a threshold, censoring, areas up to a budget,
-collapses, the choice of learning rate, the bootstrap ratios and their bounds, the report's numbers and structure; the
-runner's appending and resuming with a stand-in launcher; each arm's run configuration and the run cap."""
+collapses, the choice of learning rate, the t-intervals of means and log ratios and their bounds, the report's numbers
+and structure; the runner's appending and resuming with a stand-in launcher, its phase at one rate; each arm's run
+configuration, the evaluated steps and the run cap."""
 
 import hashlib
 import json
@@ -86,16 +87,42 @@ def test_the_learning_rate_is_chosen_by_area_not_by_final_accuracy():
     assert speed.choose_lr({5e-5: [0.5, 0.7], 1e-4: [0.6, 0.6], 2e-4: [0.3, 0.2]}) == 5e-5  # equal means: lower rate
 
 
-def test_bootstrap_ratio_intervals_contain_the_point_and_collapse_without_spread():
-    rng = np.random.default_rng(0)
+@pytest.mark.parametrize("values", [(10.0, 12.0, 14.0, 16.0), (3.0, 9.0), (1.0, 1.5, 7.0)])
+def test_a_seed_mean_has_the_student_t_interval(values):
+    from scipy import stats as scipy_stats
+
+    interval = stats.t_mean([(v, False) for v in values])
+    low, high = scipy_stats.t.interval(0.95, len(values) - 1, loc=np.mean(values), scale=scipy_stats.sem(values))
+    assert (interval.point, interval.low, interval.high) == pytest.approx((np.mean(values), low, high))
+    assert interval.bound == "="
+    assert stats.t_mean([(5.0, False), (7.0, True)]).bound == ">="  # a censored seed: a lower bound
+
+
+def test_a_ratio_is_of_geometric_means_with_a_welch_interval_on_the_log_scale():
     arm = [(v, False) for v in (10.0, 12.0, 14.0, 16.0)]
-    base = [(v, False) for v in (20.0, 22.0, 26.0, 28.0)]
-    ratio = stats.bootstrap_ratio(arm, base, rng)
-    assert ratio.point == pytest.approx(13 / 24) and ratio.low < ratio.point < ratio.high and ratio.bound == "="
-    assert ratio.low > 10 / 28 and ratio.high < 16 / 20  # within the extremes of the seed means
-    same = stats.bootstrap_ratio([(5.0, False)] * 4, [(10.0, False)] * 4, rng)
-    assert (same.point, same.low, same.high) == (0.5, 0.5, 0.5)
-    assert same.text() == "0.50 [0.50, 0.50]"
+    base = [(v, False) for v in (20.0, 22.0, 26.0, 28.0, 30.0)]
+    ratio = stats.log_ratio(arm, base)
+    la, lb = np.log([v for v, _ in arm]), np.log([v for v, _ in base])
+    va, vb = la.var(ddof=1) / 4, lb.var(ddof=1) / 5
+    df = (va + vb) ** 2 / (va**2 / 3 + vb**2 / 4)  # Welch-Satterthwaite, brute force
+    half = 2.0 * np.sqrt(va + vb)  # t(0.975, df) is above 2 for every df: the interval is at least this wide
+    assert ratio.point == pytest.approx(np.exp(la.mean() - lb.mean()))
+    assert ratio.low < ratio.point * np.exp(-half) and ratio.high > ratio.point * np.exp(half)
+    from scipy import stats as scipy_stats
+
+    t = scipy_stats.t.ppf(0.975, df)
+    assert (ratio.low, ratio.high) == pytest.approx(
+        (np.exp(la.mean() - lb.mean() - t * np.sqrt(va + vb)), np.exp(la.mean() - lb.mean() + t * np.sqrt(va + vb)))
+    )
+    same = stats.log_ratio([(5.0, False)] * 4, [(10.0, False)] * 4)
+    assert (same.point, same.low, same.high) == pytest.approx((0.5, 0.5, 0.5)) and same.text() == "0.50 [0.50, 0.50]"
+
+
+def test_one_seed_gives_a_point_without_an_interval():
+    ratio = stats.log_ratio([(5.0, False)], [(10.0, False), (12.0, False)])
+    assert ratio.point == pytest.approx(5.0 / np.sqrt(120.0)) and ratio.text() == "0.46 (one seed)"
+    mean = stats.t_mean([(5.0, False)])
+    assert math.isnan(mean.low) and stats.overlap(mean, stats.t_mean([(1.0, False), (2.0, False)])) == "unknown"
 
 
 @pytest.mark.parametrize(
@@ -109,14 +136,16 @@ def test_bootstrap_ratio_intervals_contain_the_point_and_collapse_without_spread
 def test_censored_seeds_bound_the_ratio(arm_censored, base_censored, bound, text):
     arm = [(10.0, False), (15.0, arm_censored), (10.0, False), (15.0, False)]
     base = [(20.0, False), (15.0, base_censored), (15.0, False), (20.0, False)]
-    ratio = stats.bootstrap_ratio(arm, base, np.random.default_rng(0))
+    ratio = stats.log_ratio(arm, base)
     assert ratio.bound == bound and ratio.text().startswith(text)
     if bound != "?":
-        assert ratio.point == pytest.approx(12.5 / 17.5) and f"{bound}" in ratio.text().split("[")[1]
+        assert (
+            ratio.point == pytest.approx(np.sqrt(150.0) / np.sqrt(300.0)) and f"{bound}" in ratio.text().split("[")[1]
+        )
 
 
 def test_a_baseline_with_the_threshold_at_the_warm_start_has_no_ratio():
-    ratio = stats.bootstrap_ratio([(5.0, False)], [(0.0, False)], np.random.default_rng(0))
+    ratio = stats.log_ratio([(5.0, False)], [(0.0, False)])
     assert math.isnan(ratio.point) and ratio.text() == "-"
 
 
@@ -224,9 +253,14 @@ def test_the_analysis_of_a_synthetic_study():
     grpo, d3s, pods = (analysed["arms"][arm] for arm in ("GRPO", "D3S", "PODS"))
     assert grpo["seeds"] == [0, 1, 2, 3] and grpo["lr"] == 1e-4
     assert analysed["grpo_wall"] == pytest.approx(150.0)
-    # to 0.55 (0.3 of the way to GRPO's plateau 0.9; 0.15 / 0.55 of D3S's to 0.95): mean reach 63 and 33 steps
+    # to 0.55 (0.3 of the way to GRPO's plateau 0.9; 0.15 / 0.55 of D3S's to 0.95), over the geometric means of
+    # the seeds' reaches, 60 + 2 x seed and 30 + 2 x seed steps
     ratio = d3s["ratios"]["GRPO"][0]["step"]
-    assert ratio.bound == "=" and ratio.point == pytest.approx((0.15 / 0.55 * 33) / (0.3 * 63))
+    reach = {
+        arm: np.exp(np.mean(np.log([base + 2 * seed for seed in range(4)])))
+        for arm, base in (("GRPO", 60), ("D3S", 30))
+    }
+    assert ratio.bound == "=" and ratio.point == pytest.approx((0.15 / 0.55 * reach["D3S"]) / (0.3 * reach["GRPO"]))
     assert d3s["ratios"]["GRPO"][0]["wall"].point == pytest.approx(ratio.point * 0.8)  # D3S's steps take 0.8 s
     assert d3s["overlap"]["GRPO"][0]["step"] == "no"
     # PODS never reaches 0.85: censored at its end (150 steps) on every seed, a lower bound
@@ -250,9 +284,10 @@ def test_the_analysis_of_a_synthetic_study():
     # what limits the reading: D3S reaches 0.55 at its first evaluation on every seed (0.55-0.58 at step 10); the
     # rates chosen at 2e-4 are the sweep's highest
     assert d3s["first_evaluation"] == [4, 0, 0] and grpo["first_evaluation"] == [0, 0, 0]
-    # on the study's seeds alone (2, 3): D3S to 0.55 in 0.8 s x 0.15 / 0.55 x 35 steps, GRPO in 0.3 x 65 steps
+    # on the study's seeds alone (2, 3): D3S to 0.55 in 0.8 s x 0.15 / 0.55 x (34, 36) steps, GRPO in 0.3 x (64, 66)
     assert d3s["study_seeds"] == [2, 3] and set(d3s["study_ratios"]) == {"GRPO", "GRPO+DF"}
-    assert d3s["study_ratios"]["GRPO"][0].point == pytest.approx(0.8 * 0.15 / 0.55 * 35 / (0.3 * 65))
+    expected = 0.8 * 0.15 / 0.55 * np.sqrt(34 * 36) / (0.3 * np.sqrt(64 * 66))
+    assert d3s["study_ratios"]["GRPO"][0].point == pytest.approx(expected)
     assert {arm: m["at_sweep_edge"] for arm, m in analysed["arms"].items()} == {
         "GRPO": False,
         "GRPO+DF": True,
@@ -355,7 +390,8 @@ def test_an_arm_that_extends_another_is_compared_with_its_rerun_in_the_same_batc
     assert arms["D3S+history"]["costs"]["skipped"] == pytest.approx(3.0)
     # to 0.55: D3S + history crosses at 0.15 / 0.55 of half D3S's reach (30 + 2 x seed steps; 15 + 2 x seed)
     to_d3s = arms["D3S+history"]["ratios"]["D3S"][0]
-    assert to_d3s["step"].point == pytest.approx(np.mean([15, 17, 19, 21]) / np.mean([30, 32, 34, 36]))
+    gmean = lambda values: np.exp(np.mean(np.log(values)))  # noqa: E731
+    assert to_d3s["step"].point == pytest.approx(gmean([15, 17, 19, 21]) / gmean([30, 32, 34, 36]))
     assert to_d3s["wall"].point == pytest.approx(to_d3s["step"].point * 0.7 / 0.8)
     to_rerun = arms["D3S+history"]["ratios"]["D3S rerun"][0]["wall"]
     assert to_rerun.point == pytest.approx(to_d3s["step"].point * 0.7 / 1.0)
@@ -632,6 +668,47 @@ def test_a_rerun_times_an_arm_again_at_its_chosen_rate_and_is_kept_apart(tmp_pat
         bench_speed.main(speed_argv(tmp_path, "--phases", "rerun", "--lrs", "2.5e-5", "2e-4"))
 
 
+def test_the_fixed_rate_phase_runs_every_arm_at_one_rate_without_a_sweep(tmp_path, launcher):
+    argv = speed_argv(tmp_path, "--name", "equal_updates", "--phases", "fixed-rate", "--fixed-lr", "1e-4")
+    bench_speed.main([*argv, "--seeds", "4", "5", "--eval-early", "2", "2"])
+    assert launcher.calls == [("fresh", arm, 1e-4, seed) for seed in (4, 5) for arm in ("GRPO", "D3S")]
+    assert not (tmp_path / "out" / "speed_study.json").exists()
+    document = json.loads((tmp_path / "out" / "equal_updates.json").read_text())
+    assert {run["phase"] for run in document["runs"]} == {"fixed-rate"}
+    assert document["protocol"]["eval_early"] == [2, 2] and document["protocol"]["micro_batch"] == 32
+    (analysed,) = speed.speed_analysis(document)
+    assert analysed["chosen"] == {} and analysed["fixed"] == {"GRPO": 1e-4, "D3S": 1e-4}
+    d3s = analysed["arms"]["D3S"]
+    assert d3s["lr"] == 1e-4 and d3s["seeds"] == d3s["study_seeds"] == [4, 5] and set(d3s["ratios"]) == {"GRPO"}
+    text = "\n".join(speed.speed_body(document, [analysed], {}, name="equal_updates"))
+    assert "No sweep: every arm at lr 0.0001" in text and "every arm at the one rate given" in text
+    command = (
+        "bench_speed.py --name equal_updates --tasks d3s_openrlhf.tasks.chainsum --regimes fresh --phases fixed-rate "
+        "--fixed-lr 0.0001 --seeds 4 5 --eval-early 2 2 --micro-batch 32 --arms GRPO D3S`"
+    )
+    assert command in text
+    assert "and every 2 up to step 2" in text and "on the study's seeds alone" not in text  # no seed chose a rate
+    launcher.calls.clear()
+    bench_speed.main([*argv, "--seeds", "4", "5", "--eval-early", "2", "2"])  # recorded: nothing runs twice
+    assert launcher.calls == []
+    with pytest.raises(SystemExit, match="holds a study with eval_early"):
+        bench_speed.main([*argv, "--seeds", "6"])
+
+
+def test_a_document_from_before_the_new_protocol_keys_resumes_with_their_old_values(tmp_path, launcher):
+    bench_speed.main(speed_argv(tmp_path, "--phases", "sweep", "--sweep-seeds", "0", "--arms", "GRPO"))
+    path = tmp_path / "out" / "speed_study.json"
+    document = json.loads(path.read_text())
+    for key in bench_speed.LEGACY_PROTOCOL:
+        del document["protocol"][key]
+    path.write_text(json.dumps(document))
+    launcher.calls.clear()
+    bench_speed.main(speed_argv(tmp_path, "--phases", "sweep", "--sweep-seeds", "0", "1", "--arms", "GRPO"))
+    assert [seed for *_, seed in launcher.calls] == [1, 1, 1]
+    with pytest.raises(SystemExit, match="holds a study with micro_batch 32"):
+        bench_speed.main(speed_argv(tmp_path, "--micro-batch", "8"))
+
+
 def test_an_arm_lacking_a_rate_another_arm_swept_waits_for_it(tmp_path, launcher):
     bench_speed.main(speed_argv(tmp_path, "--phases", "sweep", "--sweep-seeds", "0"))
     bench_speed.main(speed_argv(tmp_path, "--arms", "GRPO", "--lrs", "2.5e-5", "2e-4", "--sweep-seeds", "0"))
@@ -646,6 +723,10 @@ def test_an_arm_lacking_a_rate_another_arm_swept_waits_for_it(tmp_path, launcher
         (["--lrs", "1e-4", "4e-4"], "--lrs must include 0.0002"),
         (["--seeds", "1", "2"], "must differ"),
         (["--regimes", "passes", "--pool", "12"], "--pool 12 must be a multiple of --prompts 8"),
+        (["--phases", "fixed-rate"], "--phases fixed-rate and --fixed-lr go together"),
+        (["--fixed-lr", "1e-4"], "--phases fixed-rate and --fixed-lr go together"),
+        (["--eval-early", "4", "2"], "EVERY must be positive and at most UNTIL"),
+        (["--eval-early", "3", "9"], "--eval-every 2 must be a multiple of --eval-early's EVERY 3"),
     ],
 )
 def test_bad_options_are_refused_before_any_run(tmp_path, launcher, flags, message):
@@ -668,7 +749,8 @@ def test_every_total_the_study_keeps_is_read_from_the_runs():
 
 
 @pytest.mark.parametrize("regime, pool", [("passes", 200), ("fresh", 4000)])
-def test_every_arm_trains_the_same_steps(regime, pool, tmp_path):
+@pytest.mark.parametrize("micro_batch", [bench_speed.MICRO_BATCH, 8])
+def test_every_arm_trains_the_same_steps(regime, pool, micro_batch, tmp_path):
     from d3s_openrlhf.cli.train_ppo_ray import resolve
     from d3s_openrlhf.integration import host
     from d3s_openrlhf.testbed import pipeline
@@ -676,9 +758,10 @@ def test_every_arm_trains_the_same_steps(regime, pool, tmp_path):
     files = pipeline.TaskFiles(sft="sft.jsonl", prompts="prompts.jsonl", heldout="heldout.jsonl")
     prepared = pipeline.Prepared(base_model="base", sft_model="sft", task=files, reward_file="r.py")
     for arm in bench_speed.ARMS:
-        config = bench_speed.rl_config(prepared, arm, 0, 150, 10, 8, True, pool, 1e-4)
+        config = bench_speed.rl_config(prepared, arm, 0, 150, 10, 8, True, pool, 1e-4, micro_batch)
         argv = [str(flag) for flag in pipeline.ppo_args("sft", files, str(tmp_path), config)]
         assert argv[argv.index("--actor.adam.lr") + 1] == "0.0001"
+        assert argv[argv.index("--train.micro_batch_size") + 1] == str(micro_batch)
         d3s, _, host_args, _ = resolve(argv)
         fixed = host.fixed_steps(d3s, host_args)
         if bench_speed.drops_prompts(arm):  # its fixed steps, over the pool cycled as it needs
@@ -687,6 +770,48 @@ def test_every_arm_trains_the_same_steps(regime, pool, tmp_path):
             assert fixed is None and config.steps * config.episodes == 150, arm
             assert config.steps * config.prompts_per_step == min(pool, 150 * 8), arm
             assert host.rollout_steps(config.steps * config.prompts_per_step, host_args) == 150
+
+
+def plan(arm, micro_batch, tmp_path):
+    """The D3S plan (kept rollouts and optimizer steps per N) of ``arm`` in the study's fresh regime."""
+    from d3s_openrlhf.cli.train_ppo_ray import resolve
+    from d3s_openrlhf.testbed import pipeline
+
+    files = pipeline.TaskFiles(sft="sft.jsonl", prompts="prompts.jsonl", heldout="heldout.jsonl")
+    prepared = pipeline.Prepared(base_model="base", sft_model="sft", task=files, reward_file="r.py")
+    config = bench_speed.rl_config(prepared, arm, 0, 150, 10, 8, True, 4000, 1e-4, micro_batch)
+    return resolve([str(flag) for flag in pipeline.ppo_args("sft", files, str(tmp_path), config)])[3]
+
+
+@pytest.mark.parametrize("arm", ["PODS", "D3S", "D3S-I"])
+def test_fixed_updates_changes_the_optimizer_steps_alone(arm, tmp_path):
+    """At micro-batches of 8, the arm with fixed updates keeps what the arm keeps and takes GRPO's 4 optimizer
+    steps per rollout step; at 32 each of its 4 optimizer batches would be a whole micro-batch of 32, so it would
+    keep every rollout (the study runs --micro-batch 8)."""
+    base, fixed, grpo = (plan(name, 8, tmp_path) for name in (arm, f"{arm}+fixed-updates", "GRPO"))
+    assert bench_speed.ARMS[f"{arm}+fixed-updates"][1] == [*bench_speed.ARMS[arm][1], *bench_speed.FIXED_UPDATES]
+    assert fixed.kept_by_n == base.kept_by_n and set(base.kept_by_n.values()) != {128}
+    assert set(fixed.updates_by_n.values()) == set(grpo.updates_by_n.values()) == {4}
+    assert max(base.updates_by_n.values()) < 4
+    assert set(plan(f"{arm}+fixed-updates", bench_speed.MICRO_BATCH, tmp_path).kept_by_n.values()) == {128}
+
+
+def test_grpo_with_half_its_batch_takes_twice_its_updates(tmp_path):
+    assert bench_speed.ARMS["GRPO+half-batch"][1] == [*bench_speed.ARMS["GRPO"][1], *bench_speed.HALF_BATCH]
+    assert set(plan("GRPO+half-batch", 8, tmp_path).updates_by_n.values()) == {8}
+
+
+@pytest.mark.parametrize(
+    "steps, every, early, expected",
+    [
+        (150, 10, None, list(range(10, 151, 10))),
+        (150, 10, (2, 20), [*range(2, 21, 2), *range(30, 151, 10)]),
+        (7, 10, None, [7]),  # the final model alone
+        (9, 4, (2, 5), [2, 4, 8, 9]),
+    ],
+)
+def test_the_evaluated_steps(steps, every, early, expected):
+    assert bench_speed.evaluated_steps(steps, every, early) == expected
 
 
 def test_the_arms_generate_and_train_as_published():
@@ -737,3 +862,42 @@ def test_a_run_past_its_cap_is_kept_with_what_it_saved(cap, tmp_path, monkeypatc
     )
     assert result["stopped"] and len(result["steps"]) == 3
     assert evaluated == ["global_step2_hf"] and [e["step"] for e in result["heldout"]] == [2]
+
+
+def test_a_run_saves_at_the_early_interval_and_evaluates_the_schedule_alone(tmp_path, monkeypatch):
+    """With --eval-early 2 4 and --eval-every 4 over 8 steps, checkpoints are saved every 2 steps and the models of
+    steps 2, 4 and the final one (8) are evaluated; step 6's is deleted unread, with the others."""
+    from d3s_openrlhf.testbed import pipeline
+
+    workdir, configs = tmp_path / "runs", []
+    run_dir = workdir / "speed-fresh-GRPO-lr0.0002-seed0"
+
+    def finished(command, log, timeout=None):
+        for step in (2, 4, 6, 8):
+            (run_dir / "checkpoints" / f"global_step{step}_hf").mkdir(parents=True)
+        (run_dir / "final_model").mkdir()
+        return 0
+
+    monkeypatch.setattr(pipeline, "run_logged", finished)
+    monkeypatch.setattr(pipeline, "launcher_command", lambda *args: ["train"])
+    monkeypatch.setattr(pipeline, "ppo_args", lambda model, task, out, config: configs.append(config) or [])
+    monkeypatch.setattr(
+        bench_speed, "read_train_scalars", lambda path: {s: {"rollout/num_samples": 128} for s in range(1, 9)}
+    )
+    evaluated = []
+    monkeypatch.setattr(
+        bench_speed.evaluate,
+        "heldout_accuracy",
+        lambda path, heldout, **kw: evaluated.append(Path(path).name) or {"greedy": 0.0},
+    )
+    files = pipeline.TaskFiles(sft="sft.jsonl", prompts="prompts.jsonl", heldout="heldout.jsonl")
+    prepared = pipeline.Prepared(base_model="base", sft_model="sft", task=files, reward_file="r.py")
+    result = bench_speed.run(
+        prepared, "pkg.task", "GRPO", 0, str(workdir), 8, 4, 0, 8, True, "fresh", 4000, 2e-4, 900.0, (2, 4), 8
+    )
+    (config,) = configs
+    extra = [str(flag) for flag in config.extra]
+    assert extra[extra.index("--ckpt.save_steps") + 1] == "2" and config.micro_batch_size == 8
+    assert evaluated == ["global_step2_hf", "global_step4_hf", "final_model"]
+    assert [e["step"] for e in result["heldout"]] == [2, 4, 8]
+    assert not (run_dir / "checkpoints").exists() and not (run_dir / "final_model").exists()
