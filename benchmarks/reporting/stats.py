@@ -44,8 +44,9 @@ class Interval:
         return f"{mark}{pattern.format(self.point)} [{low}, {high}]"
 
 
-def _bound(*censored):
-    return ">=" if any(c for _, c in censored) else "="
+def _bound(values):
+    """``">="`` where a seed of ``values`` (``(value, censored)`` each) is censored, else ``"="``."""
+    return ">=" if any(c for _, c in values) else "="
 
 
 def _t(df):
@@ -58,9 +59,9 @@ def t_mean(values):
     points = np.array([v for v, _ in values], dtype=float)
     mean, n = float(points.mean()), len(points)
     if n < 2:
-        return Interval(mean, float("nan"), float("nan"), _bound(*values))
+        return Interval(mean, float("nan"), float("nan"), _bound(values))
     half = _t(n - 1) * float(points.std(ddof=1)) / math.sqrt(n)
-    return Interval(mean, mean - half, mean + half, _bound(*values))
+    return Interval(mean, mean - half, mean + half, _bound(values))
 
 
 def log_ratio(arm, base):
