@@ -748,18 +748,31 @@ def test_every_total_the_study_keeps_is_read_from_the_runs():
     assert set(bench_speed.SUMMED) <= set(bench_speed.KEYS)
 
 
+def stand_in_prepared():
+    """A warm start's paths, as bench_speed.run and rl_config read them (nothing on disk)."""
+    from d3s_openrlhf.testbed import pipeline
+
+    files = pipeline.TaskFiles(sft="sft.jsonl", prompts="prompts.jsonl", heldout="heldout.jsonl")
+    return pipeline.Prepared(base_model="base", sft_model="sft", task=files, reward_file="r.py")
+
+
+def arm_command(arm, pool, micro_batch, tmp_path):
+    """``(config, argv)``: the run of ``arm`` at lr 1e-4 over ``pool`` prompts, as bench_speed.run launches it."""
+    from d3s_openrlhf.testbed import pipeline
+
+    prepared = stand_in_prepared()
+    config = bench_speed.rl_config(prepared, arm, 0, 150, 10, 8, True, pool, 1e-4, micro_batch)
+    return config, [str(flag) for flag in pipeline.ppo_args("sft", prepared.task, str(tmp_path), config)]
+
+
 @pytest.mark.parametrize("regime, pool", [("passes", 200), ("fresh", 4000)])
 @pytest.mark.parametrize("micro_batch", [bench_speed.MICRO_BATCH, 8])
 def test_every_arm_trains_the_same_steps(regime, pool, micro_batch, tmp_path):
     from d3s_openrlhf.cli.train_ppo_ray import resolve
     from d3s_openrlhf.integration import host
-    from d3s_openrlhf.testbed import pipeline
 
-    files = pipeline.TaskFiles(sft="sft.jsonl", prompts="prompts.jsonl", heldout="heldout.jsonl")
-    prepared = pipeline.Prepared(base_model="base", sft_model="sft", task=files, reward_file="r.py")
     for arm in bench_speed.ARMS:
-        config = bench_speed.rl_config(prepared, arm, 0, 150, 10, 8, True, pool, 1e-4, micro_batch)
-        argv = [str(flag) for flag in pipeline.ppo_args("sft", files, str(tmp_path), config)]
+        config, argv = arm_command(arm, pool, micro_batch, tmp_path)
         assert argv[argv.index("--actor.adam.lr") + 1] == "0.0001"
         assert argv[argv.index("--train.micro_batch_size") + 1] == str(micro_batch)
         d3s, _, host_args, _ = resolve(argv)
@@ -775,12 +788,8 @@ def test_every_arm_trains_the_same_steps(regime, pool, micro_batch, tmp_path):
 def plan(arm, micro_batch, tmp_path):
     """The D3S plan (kept rollouts and optimizer steps per N) of ``arm`` in the study's fresh regime."""
     from d3s_openrlhf.cli.train_ppo_ray import resolve
-    from d3s_openrlhf.testbed import pipeline
 
-    files = pipeline.TaskFiles(sft="sft.jsonl", prompts="prompts.jsonl", heldout="heldout.jsonl")
-    prepared = pipeline.Prepared(base_model="base", sft_model="sft", task=files, reward_file="r.py")
-    config = bench_speed.rl_config(prepared, arm, 0, 150, 10, 8, True, 4000, 1e-4, micro_batch)
-    return resolve([str(flag) for flag in pipeline.ppo_args("sft", files, str(tmp_path), config)])[3]
+    return resolve(arm_command(arm, 4000, micro_batch, tmp_path)[1])[3]
 
 
 @pytest.mark.parametrize("arm", ["PODS", "D3S", "D3S-I"])
@@ -824,6 +833,24 @@ def test_the_arms_generate_and_train_as_published():
     assert bench_speed.ARMS["D3S+history"][1] == [*d3s[1], *bench_speed.HISTORY]
 
 
+def log_steps(monkeypatch, steps):
+    """A run's events: ``steps`` logged steps."""
+    monkeypatch.setattr(
+        bench_speed, "read_train_scalars", lambda path: {s: {"rollout/num_samples": 128} for s in range(1, steps + 1)}
+    )
+
+
+def record_evaluations(monkeypatch):
+    """The names of the models bench_speed.run evaluates, in order (each scores 0)."""
+    evaluated = []
+    monkeypatch.setattr(
+        bench_speed.evaluate,
+        "heldout_accuracy",
+        lambda path, heldout, **kw: evaluated.append(Path(path).name) or {"greedy": 0.0},
+    )
+    return evaluated
+
+
 @pytest.mark.parametrize("cap", [60.0, 900.0])
 def test_a_run_past_its_cap_is_kept_with_what_it_saved(cap, tmp_path, monkeypatch):
     """A run still going at ``cap`` is stopped and kept: its logged steps and the checkpoints saved before its last
@@ -846,19 +873,10 @@ def test_a_run_past_its_cap_is_kept_with_what_it_saved(cap, tmp_path, monkeypatc
     monkeypatch.setattr(pipeline, "run_logged", stalled)
     monkeypatch.setattr(pipeline, "launcher_command", launch)
     monkeypatch.setattr(pipeline, "ppo_args", lambda *args: [])
-    monkeypatch.setattr(
-        bench_speed, "read_train_scalars", lambda path: {s: {"rollout/num_samples": 128} for s in (1, 2, 3)}
-    )
-    evaluated = []
-    monkeypatch.setattr(
-        bench_speed.evaluate,
-        "heldout_accuracy",
-        lambda path, heldout, **kw: evaluated.append(Path(path).name) or {"greedy": 0.0},
-    )
-    files = pipeline.TaskFiles(sft="sft.jsonl", prompts="prompts.jsonl", heldout="heldout.jsonl")
-    prepared = pipeline.Prepared(base_model="base", sft_model="sft", task=files, reward_file="r.py")
+    log_steps(monkeypatch, 3)
+    evaluated = record_evaluations(monkeypatch)
     result = bench_speed.run(
-        prepared, "pkg.task", "GRPO+DF", 0, str(workdir), 4, 2, 0, 8, True, "fresh", 4000, 2e-4, cap
+        stand_in_prepared(), "pkg.task", "GRPO+DF", 0, str(workdir), 4, 2, 0, 8, True, "fresh", 4000, 2e-4, cap
     )
     assert result["stopped"] and len(result["steps"]) == 3
     assert evaluated == ["global_step2_hf"] and [e["step"] for e in result["heldout"]] == [2]
@@ -881,19 +899,25 @@ def test_a_run_saves_at_the_early_interval_and_evaluates_the_schedule_alone(tmp_
     monkeypatch.setattr(pipeline, "run_logged", finished)
     monkeypatch.setattr(pipeline, "launcher_command", lambda *args: ["train"])
     monkeypatch.setattr(pipeline, "ppo_args", lambda model, task, out, config: configs.append(config) or [])
-    monkeypatch.setattr(
-        bench_speed, "read_train_scalars", lambda path: {s: {"rollout/num_samples": 128} for s in range(1, 9)}
-    )
-    evaluated = []
-    monkeypatch.setattr(
-        bench_speed.evaluate,
-        "heldout_accuracy",
-        lambda path, heldout, **kw: evaluated.append(Path(path).name) or {"greedy": 0.0},
-    )
-    files = pipeline.TaskFiles(sft="sft.jsonl", prompts="prompts.jsonl", heldout="heldout.jsonl")
-    prepared = pipeline.Prepared(base_model="base", sft_model="sft", task=files, reward_file="r.py")
+    log_steps(monkeypatch, 8)
+    evaluated = record_evaluations(monkeypatch)
     result = bench_speed.run(
-        prepared, "pkg.task", "GRPO", 0, str(workdir), 8, 4, 0, 8, True, "fresh", 4000, 2e-4, 900.0, (2, 4), 8
+        stand_in_prepared(),
+        "pkg.task",
+        "GRPO",
+        0,
+        str(workdir),
+        8,
+        4,
+        0,
+        8,
+        True,
+        "fresh",
+        4000,
+        2e-4,
+        900.0,
+        (2, 4),
+        8,
     )
     (config,) = configs
     extra = [str(flag) for flag in config.extra]
