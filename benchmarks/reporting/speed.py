@@ -350,7 +350,7 @@ SECTIONS = {
     "equal_updates": (
         "Equal updates: every arm at GRPO's tuned rate, the optimizer steps apart",
         "Equal updates",
-        f"{EQUAL_UPDATES_COMMAND} (about 80 minutes on 2 CPU cores)",
+        f"{EQUAL_UPDATES_COMMAND} (about 105 minutes on 2 CPU cores, 2026-11-28)",
     ),
 }
 
