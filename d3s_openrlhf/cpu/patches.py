@@ -37,11 +37,9 @@ What is adjusted, and why:
   ``stage3_allgather_sequential`` path).
 - ``BaseDistributedActor._get_free_port`` in ``openrlhf.trainer.ray.launcher``: upstream picks each model group's
   torch.distributed master port by binding port 0 (an ephemeral port) when the actor starts, and binds it again
-  only after the model is loaded, tens of seconds later on a CPU. Every actor, Ray worker and vLLM engine of the job
-  shares this one machine's ephemeral range for its outgoing connections, and one took the port in between
-  (``EADDRINUSE`` at ``init_process_group``, seen in a two-node launch-script smoke run). The replacement picks a
-  free port below the ephemeral range (``/proc/sys/net/ipv4/ip_local_port_range``), which outgoing connections
-  never take.
+  only after the model is loaded, tens of seconds later on a CPU, by when an outgoing connection of the job can
+  have taken it (``EADDRINUSE`` at ``init_process_group``, seen in a two-node launch-script smoke run). The
+  replacement is :func:`d3s_openrlhf.cpu.ports.free_port`, below the ephemeral range.
 - ``get_train_ds_config`` as ``openrlhf.utils.deepspeed.deepspeed`` reads it: an Adam or AdamW optimizer section
   gets DeepSpeed's own ``torch_adam`` option (torch's AdamW, the same update), and ``build_shm_op`` in
   ``deepspeed.comm.torch`` builds nothing (its shared-memory all-reduce serves AutoTP inference only; training's
@@ -80,6 +78,7 @@ import os
 import sys
 import threading
 
+from d3s_openrlhf.cpu.ports import free_port
 from d3s_openrlhf.cpu.precision import fp32_requested
 
 CPU_ENV = "D3S_OPENRLHF_CPU"  # "1" in the driver and every process of a job the CPU runtime starts
@@ -208,37 +207,8 @@ def _patch_ppo_actor(module):
     module.stateless_init_process_group = trainer_side_sync_group
 
 
-def _ephemeral_low() -> int:
-    """The lowest port the kernel hands out to outgoing connections (Linux's default 32768 where unreadable)."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as ranges:
-            return int(ranges.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def free_master_port() -> int:
-    """A port nothing listens on, below the ephemeral range: no outgoing connection takes it before the master
-    binds it (see the module docstring). Drawn at random from [ephemeral low - 12288, ephemeral low) until one
-    binds."""
-    import random
-    import socket
-
-    high = _ephemeral_low()
-    draws = random.SystemRandom()
-    for _ in range(1000):
-        port = draws.randrange(max(1024, high - 12288), high)
-        with socket.socket() as sock:
-            try:
-                sock.bind(("", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port below {high} for torch.distributed's master")
-
-
 def _patch_launcher(module):
-    module.BaseDistributedActor._get_free_port = staticmethod(free_master_port)
+    module.BaseDistributedActor._get_free_port = staticmethod(free_port)
 
 
 def _patch_vllm_engine(module):

@@ -16,9 +16,9 @@ Other entrypoints opt in with ``D3S_OPENRLHF_CPU=1`` and call :func:`activate_if
 
 import atexit
 import os
-import socket
 
 from d3s_openrlhf.cpu import patches, precision
+from d3s_openrlhf.cpu.ports import free_port
 from d3s_openrlhf.integration import host
 
 ENV_FLAG = patches.CPU_ENV
@@ -93,13 +93,6 @@ def _worker_env():
         if key in os.environ:
             env[key] = os.environ[key]
     return env
-
-
-def free_port():
-    """A TCP port on 127.0.0.1 that nothing listens on."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def activate(address=None, num_gpus=DEFAULT_FAKE_GPUS, num_cpus=None, object_store_gb=1.0):

@@ -14,7 +14,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from d3s_openrlhf.cpu.runtime import RAY_START_ATTEMPTS, RAY_START_TIMEOUT, free_port
+from d3s_openrlhf.cpu.ports import free_port
+from d3s_openrlhf.cpu.runtime import RAY_START_ATTEMPTS, RAY_START_TIMEOUT
 from d3s_openrlhf.testbed.processes import command_line, marked_processes
 
 MARKER = "D3S_SMOKE_CLUSTER"

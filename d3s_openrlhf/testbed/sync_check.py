@@ -23,8 +23,6 @@ import json
 import sys
 from types import SimpleNamespace
 
-from d3s_openrlhf.testbed.ray_cluster import free_port
-
 PROMPTS = ("12+7=19", "3+45=48", "60+1=61", "27+38=65", "9+9=18", "41+5=46", "73+20=93", "8+14=22")
 
 
@@ -116,7 +114,7 @@ def engine_and_trainer(model_dir, lora_rank=0, engine_swaps=tuple):
 
         from d3s_openrlhf.integration.lora_sync import LoRASyncActorPPOTrainer
 
-        torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+        torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
         with contextlib.ExitStack() as swaps:
             for module, replacements in engine_swaps():
                 swaps.enter_context(swapped_globals(module, **replacements))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from d3s_openrlhf.cpu import patches
+from d3s_openrlhf.cpu import patches, ports
 
 pytest.importorskip("deepspeed")
 from deepspeed.runtime.zero import partition_parameters  # noqa: E402
@@ -137,26 +137,15 @@ def test_the_chunked_logits_forward_is_finite_under_zero3_on_gloo():
     assert lines[-1] == "clean []", "\n".join(lines)
 
 
-# -- torch.distributed's master port ----------------------------------------------------------------------------------
-def test_the_master_port_is_free_and_below_the_ephemeral_range():
-    low = patches._ephemeral_low()
-    ports = {patches.free_master_port() for _ in range(20)}
-    assert all(max(1024, low - 12288) <= port < low for port in ports) and len(ports) > 1
-    import socket
-
-    for port in ports:  # nothing listens there
-        with socket.socket() as sock:
-            sock.bind(("", port))
-
-
+# -- torch.distributed's master port (tests/cpu/test_cpu_ports.py: the port itself) ----------------------------------
 LAUNCHER_PROBE = """
 import os
 os.environ["D3S_OPENRLHF_CPU"] = "1"
-from d3s_openrlhf.cpu import patches
+from d3s_openrlhf.cpu import patches, ports
 patches.apply()
 from openrlhf.trainer.ray.launcher import BaseDistributedActor
-print(BaseDistributedActor._get_free_port is patches.free_master_port,
-      BaseDistributedActor._get_free_port() < patches._ephemeral_low())
+print(BaseDistributedActor._get_free_port is ports.free_port,
+      BaseDistributedActor._get_free_port() < ports.ephemeral_low())
 """
 
 
@@ -203,7 +192,7 @@ print(json.dumps({
 @pytest.mark.parametrize("adam_offload, stage", [(False, 2), (True, 2), (False, 3)], ids=["zero2", "offload", "zero3"])
 def test_deepspeed_trains_with_torchs_adam_and_builds_no_op(tmp_path, adam_offload, stage):
     env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(tmp_path))
-    args = [str(patches.free_master_port()), str(int(adam_offload)), str(stage)]
+    args = [str(ports.free_port()), str(int(adam_offload)), str(stage)]
     probe = subprocess.run(
         [sys.executable, "-c", OPS_PROBE, *args], env=env, capture_output=True, text=True, timeout=600
     )

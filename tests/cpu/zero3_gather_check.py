@@ -194,7 +194,7 @@ def worker(rank, path, port, lora, packing, upstream_gather, result):
 
 
 def main():
-    from d3s_openrlhf.testbed.ray_cluster import free_port
+    from d3s_openrlhf.cpu.ports import free_port
 
     args = sys.argv[1:]
     upstream_gather = bool(args) and args[0] == "--upstream-gather"
@@ -206,7 +206,7 @@ def main():
         with tempfile.TemporaryDirectory() as path:
             build(path, seed, bool(tied))
             result = ctx.Queue()
-            port = free_port()  # not DeepSpeed's default range, which other jobs on the machine use
+            port = free_port()  # below the ephemeral range and not DeepSpeed's default, which other jobs use
             procs = [
                 ctx.Process(target=worker, args=(r, path, port, lora, bool(packing), upstream_gather, result))
                 for r in range(WORLD)

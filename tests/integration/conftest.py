@@ -1,6 +1,6 @@
-"""Fixtures of the integration tests: a free local port, a one-rank gloo process group, the actor tests' tiny
-Llama (``model_dir``) with the CUDA calls OpenRLHF makes pointed at the CPU (``cpu_cuda``), and the liveness
-watches' Ray instance and short pings."""
+"""Fixtures of the integration tests: a one-rank gloo process group, the actor tests' tiny Llama (``model_dir``)
+with the CUDA calls OpenRLHF makes pointed at the CPU (``cpu_cuda``), and the liveness watches' Ray instance and
+short pings."""
 
 import sys
 from pathlib import Path
@@ -11,7 +11,6 @@ import torch.distributed as dist
 
 from d3s_openrlhf.cpu import runtime
 from d3s_openrlhf.integration import liveness
-from d3s_openrlhf.testbed import ray_cluster
 
 # the actor tests' model and batches, ``import actor_batches`` (tests/ is no package)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -33,19 +32,13 @@ def short_pings(monkeypatch):
     monkeypatch.setattr(liveness, "PING_INTERVAL_S", 0.2)
 
 
-@pytest.fixture
-def free_port():
-    """A TCP port on 127.0.0.1 that nothing listens on."""
-    return ray_cluster.free_port()
-
-
 @pytest.fixture(scope="module")
 def process_group():
     """A one-rank gloo group (ActorPPOTrainer's barrier, the loss normalisers' all-reduces, the device mesh)."""
     if dist.is_initialized():
         yield
         return
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{ray_cluster.free_port()}", rank=0, world_size=1)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     yield
     dist.destroy_process_group()
 

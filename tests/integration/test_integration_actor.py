@@ -9,13 +9,16 @@ engine, the optimizer step is skipped so the tests can read the accumulated grad
 OpenRLHF makes unconditionally (``torch.cuda.current_device/synchronize/empty_cache``) are pointed at the CPU.
 """
 
+import contextlib
 import copy
 import dataclasses
+import datetime
 import math
 import os
 import re
 import subprocess
 import sys
+import time
 from types import SimpleNamespace as NS
 
 import openrlhf.trainer.ray.ppo_actor as ppo_actor
@@ -793,6 +796,7 @@ def test_fixed_updates_plans_the_full_batchs_dynamic_steps(model_dir, cpu_cuda):
 
 
 TWO_RANK_SEEDS = (60, 61)  # rank r trains the 4 samples of make_experience(seed=TWO_RANK_SEEDS[r])
+TWO_RANK_TIMEOUT = datetime.timedelta(minutes=5)  # a collective that waits longer raises (torch's default: 30)
 
 
 def one_window_trainer(model_dir, monkeypatch, mode, dp):
@@ -805,10 +809,11 @@ def one_window_trainer(model_dir, monkeypatch, mode, dp):
     return actor, make_trainer(D3SActorPPOTrainer, actor, MiniStrategy(args, gas=8 // (2 * dp)), monkeypatch)
 
 
-def two_rank_worker(rank, port, model_dir, out):
+def two_rank_worker(rank, store, model_dir, out):
     """One of two gloo ranks (run as a subprocess of the test): trains its half, averages the gradients over the
-    ranks as DeepSpeed does, rank 0 saves them."""
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    ranks as DeepSpeed does, rank 0 saves them. The ranks meet in a file store: a TCP port handed to the first rank
+    could be taken before it binds it, and the other rank would wait for it for torch's 30 minutes."""
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2, timeout=TWO_RANK_TIMEOUT)
     monkeypatch = point_cuda_at_cpu(pytest.MonkeyPatch())
     results = {}
     for mode in ("window", "dynamic"):
@@ -821,24 +826,42 @@ def two_rank_worker(rank, port, model_dir, out):
             g /= 2
     if rank == 0:
         torch.save(results, out)
+    dist.barrier()  # neither rank leaves while the other still talks to it
     dist.destroy_process_group()
 
 
-def test_two_gloo_ranks_give_the_gradient_of_one_rank_with_both_halves(model_dir, cpu_cuda, tmp_path, free_port):
-    out, port = tmp_path / "grads.pt", free_port
+def run_ranks(commands, logs, deadline_s):
+    """Run the ranks' commands (one thread each, output to the files ``logs``) to the end; a rank that fails, or
+    the deadline, stops the others. Returns each rank's exit code."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    workers = [
-        subprocess.Popen(
-            [sys.executable, __file__, str(rank), str(port), model_dir, str(out)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in (0, 1)
-    ]
-    logs = [w.communicate(timeout=600)[0] for w in workers]
-    assert all(w.returncode == 0 for w in workers), "\n".join(log[-3000:] for log in logs)
+    with contextlib.ExitStack() as files:
+        outs = [files.enter_context(open(log, "w")) for log in logs]
+        workers = [subprocess.Popen(c, env=env, stdout=o, stderr=subprocess.STDOUT) for c, o in zip(commands, outs)]
+        end = time.monotonic() + deadline_s
+        while any(w.poll() is None for w in workers):
+            if time.monotonic() > end or any(w.returncode not in (None, 0) for w in workers):
+                for w in workers:
+                    w.kill()
+            time.sleep(0.5)
+    return [w.returncode for w in workers]
+
+
+def test_a_rank_that_fails_stops_the_other_at_once(tmp_path):
+    """A rank that dies (CI of 2026-11-28: rank 0 gone, rank 1 waiting for its store) ends the test with
+    both ranks' output, not at the deadline."""
+    commands = [[sys.executable, "-c", "raise SystemExit(3)"], [sys.executable, "-c", "import time; time.sleep(600)"]]
+    start = time.monotonic()
+    assert run_ranks(commands, [tmp_path / "0.log", tmp_path / "1.log"], deadline_s=600) == [3, -9]
+    assert time.monotonic() - start < 60
+
+
+def test_two_gloo_ranks_give_the_gradient_of_one_rank_with_both_halves(model_dir, cpu_cuda, tmp_path):
+    out, store, logs = tmp_path / "grads.pt", tmp_path / "store", [tmp_path / f"rank{r}.log" for r in (0, 1)]
+    commands = [[sys.executable, __file__, str(rank), str(store), model_dir, str(out)] for rank in (0, 1)]
+    codes = run_ranks(commands, logs, deadline_s=600)
+    assert codes == [0, 0], "\n".join(
+        f"rank {r} (exit {c}):\n{logs[r].read_text()[-3000:]}" for r, c in enumerate(codes)
+    )
     two_ranks = torch.load(out)
     for mode in ("window", "dynamic"):
         actor, trainer = one_window_trainer(model_dir, cpu_cuda, mode, dp=1)
@@ -1034,4 +1057,4 @@ def test_init_model_swaps_the_trainer_and_keeps_the_given_lr_horizon(model_dir, 
 
 
 if __name__ == "__main__":
-    two_rank_worker(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4])
+    two_rank_worker(int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4])
