@@ -10,10 +10,14 @@ command again resumes a stopped invocation (a run cut off midway starts over):
         [--arms GRPO GRPO+DF PODS D3S D3S-I] [--lrs 2.5e-5 5e-5 1e-4 2e-4] [--sweep-seeds 0 1] [--seeds 2 3]
         [--phases sweep study rerun fixed-rate] [--rerun-seeds 0 1 2 3] [--fixed-lr LR]
         [--eval-early EVERY UNTIL] [--micro-batch 32]
-    # the equal-updates study (RESULTS.md section 9; --micro-batch 8: see below)
+    # the equal-updates study (RESULTS.md section 9; --micro-batch 8: see below): every arm at GRPO's rate, then
+    # three at their own (a run at a rate the fixed-rate phase ran is not run again)
     .venv/bin/python benchmarks/bench_speed.py --name equal_updates --tasks d3s_openrlhf.tasks.chainsum_tens \
         --regimes fresh --phases fixed-rate --fixed-lr 2.5e-5 --seeds 4 5 6 7 --eval-early 2 20 --micro-batch 8 \
         --arms GRPO GRPO+half-batch D3S D3S+fixed-updates D3S-I+fixed-updates PODS+fixed-updates
+    .venv/bin/python benchmarks/bench_speed.py --name equal_updates --tasks d3s_openrlhf.tasks.chainsum_tens \
+        --regimes fresh --phases sweep study --lrs 2.5e-5 5e-5 2e-4 --sweep-seeds 0 --seeds 4 5 6 7 \
+        --eval-early 2 20 --micro-batch 8 --arms GRPO D3S+fixed-updates D3S-I+fixed-updates
     .venv/bin/python benchmarks/bench_speed.py --quick --out /tmp/speed_quick   # the chain, in about 2 minutes
     .venv/bin/python benchmarks/report.py   # RESULTS.md, its section of benchmarks/results/speed_study.json
     .venv/bin/python benchmarks/report.py --speed OUT/speed_study.json --output OUT/speed_study.md  # any OUT alone
@@ -31,7 +35,9 @@ The protocol (the analysis and its document: ``benchmarks/reporting/speed.py``):
   so), at 8 they are D3S's own (32, 64, 96).
 - ``--phases fixed-rate --fixed-lr LR``: every ``--arms`` at LR on ``--seeds``, no sweep (phase ``fixed-rate``): the
   arms as a user switches them on at GRPO's tuned rate. The equal-updates study runs it at GRPO's rate on
-  chainsum_tens fresh (2.5e-5, chosen in speed_study.json on seeds 0 and 1) on seeds 4-7, which chose nothing.
+  chainsum_tens fresh (2.5e-5, chosen in speed_study.json on seeds 0 and 1) on seeds 4-7, which chose nothing;
+  then GRPO and D3S and D3S-I with fixed updates sweep 2.5e-5, 5e-5 and 2e-4 (GRPO's at 2e-4 sets the budget) on
+  seed 0 alone, and the study runs each at its chosen rate on seeds 4-7, reusing the fixed-rate runs at that rate.
 - Every run trains ``--steps`` (150) rollout steps with ``--d3s.schedule_steps`` (:func:`rl_config`), in the regimes
   ``passes`` (the first ``--pool`` 200 RL prompts, cycled: 6 passes) and ``fresh`` (one pass over a 4000-prompt
   split). Per task, its regimes among ``--regimes`` are those of ``TASKS``: chainsum in both, chainsum_tens (the

@@ -233,7 +233,7 @@ def regime_analysis(document, task, regime):
             if not missing[arm]
         }
     fixed = {run["arm"]: run["lr"] for run in every if run["phase"] == FIXED_RATE and run["arm"] not in chosen}
-    arm_lr = {**fixed, **chosen, **{arm + RERUN: lr for arm, lr in chosen.items()}}
+    arm_lr = {**chosen, **fixed, **{arm + RERUN: lr for arm, lr in chosen.items()}}
     study = {arm: mine for arm, lr in arm_lr.items() if (mine := arm_runs(every, arm, lr))}
     grpo_wall = float(np.mean([run["curve"][-1]["wall"] for run in study["GRPO"]])) if "GRPO" in study else None
     arms = {arm: arm_analysis(runs, levels, grpo_wall, warm_start) for arm, runs in study.items()}
@@ -335,10 +335,14 @@ COMMAND = "`.venv/bin/python benchmarks/bench_speed.py --out benchmarks/results`
 ARMS_AT_GRPOS_RATE = (
     "GRPO GRPO+half-batch D3S D3S+fixed-updates D3S-I+fixed-updates PODS+fixed-updates"  # the equal-updates study's
 )
-EQUAL_UPDATES_COMMAND = (
+ARMS_SWEPT = "GRPO D3S+fixed-updates D3S-I+fixed-updates"  # the equal-updates study's arms at their own rates
+_EQUAL_UPDATES = (
     "`.venv/bin/python benchmarks/bench_speed.py --name equal_updates --tasks d3s_openrlhf.tasks.chainsum_tens "
-    f"--regimes fresh --phases {FIXED_RATE} --fixed-lr 2.5e-5 --arms {ARMS_AT_GRPOS_RATE} --seeds 4 5 6 7 "
-    "--eval-early 2 20 --micro-batch 8`"
+    "--regimes fresh --eval-early 2 20 --micro-batch 8 "
+)
+EQUAL_UPDATES_COMMAND = (
+    f"{_EQUAL_UPDATES}--phases {FIXED_RATE} --fixed-lr 2.5e-5 --arms {ARMS_AT_GRPOS_RATE} --seeds 4 5 6 7`, then "
+    f"{_EQUAL_UPDATES}--phases sweep study --lrs 2.5e-5 5e-5 2e-4 --sweep-seeds 0 --seeds 4 5 6 7 --arms {ARMS_SWEPT}`"
 )
 # results file stem -> (its section's title, its label in RESULTS.md's head, its command and what it costs)
 SECTIONS = {
@@ -348,9 +352,9 @@ SECTIONS = {
         f"{COMMAND} (about 9 hours on 2 CPU cores; it appends run by run and resumes)",
     ),
     "equal_updates": (
-        "Equal updates: every arm at GRPO's tuned rate, the optimizer steps apart",
+        "Equal updates: the optimizer steps apart, at GRPO's tuned rate and at each arm's own",
         "Equal updates",
-        f"{EQUAL_UPDATES_COMMAND} (about 105 minutes on 2 CPU cores, 2026-11-28)",
+        f"{EQUAL_UPDATES_COMMAND} (about 3 hours on 2 CPU cores, 2026-11-28/29)",
     ),
 }
 
@@ -710,28 +714,39 @@ def regime_lines(document, analysed, heading):
     return lines + (["", *replays] if replays else [])
 
 
+def _phase_command(runs, phase, protocol, name):
+    """The bench_speed.py command of one ``phase`` of the study ``name`` (``fixed-rate``, ``sweep`` or ``study``);
+    the study's names the sweep's rates and seeds, from which it takes each arm's rate."""
+    mine = [run for run in runs if run["phase"] == phase]
+    sweep = [run for run in runs if run["phase"] == "sweep"]
+    flags = dict(
+        name=name,
+        tasks=" ".join(dict.fromkeys(run["task"] for run in mine)),
+        regimes=" ".join(dict.fromkeys(run["regime"] for run in mine)),
+        phases=phase,
+        fixed_lr=phase == FIXED_RATE and f"{mine[0]['lr']:g}",
+        lrs=phase != FIXED_RATE and " ".join(f"{lr:g}" for lr in sorted({run["lr"] for run in sweep})),
+        sweep_seeds=phase != FIXED_RATE and " ".join(map(str, sorted({run["seed"] for run in sweep}))),
+        seeds=phase != "sweep" and " ".join(map(str, sorted({run["seed"] for run in mine}))),
+        eval_early=protocol.get("eval_early") and " ".join(map(str, protocol["eval_early"])),
+        micro_batch=protocol.get("micro_batch"),
+        arms=" ".join(dict.fromkeys(run["arm"] for run in mine)),
+    )
+    given = " ".join(f"--{flag.replace('_', '-')} {value}" for flag, value in flags.items() if value)
+    return f"`.venv/bin/python benchmarks/bench_speed.py {given}`"
+
+
 def _commands(runs, protocol, name):
     """The commands that ran ``runs`` (of the study ``name``): the study's (the sweep, then the study), then those of
-    the arms and reruns named apart; or the one of a study at one rate."""
+    the arms and reruns named apart; or, for a study with arms at one given rate, each phase's own."""
+    if any(run["phase"] == FIXED_RATE for run in runs):
+        phases = [phase for phase in (FIXED_RATE, "sweep", "study") if any(run["phase"] == phase for run in runs)]
+        commands = ", then ".join(_phase_command(runs, phase, protocol, name) for phase in phases)
+        return f"{commands} (each run appended as it ends; see its docstring)"
     named = [arm for arm in dict.fromkeys(run["arm"] for run in runs) if arm in EXTENDS]
     reruns = list(dict.fromkeys(run["arm"] for run in runs if run["phase"] == "rerun"))
     extra = [f"`--arms {' '.join(named)}`"] if named else []
     extra += [f"`--arms {' '.join(reruns)} --phases rerun`"] if reruns else []
-    fixed = [run for run in runs if run["phase"] == FIXED_RATE]
-    if fixed and len(fixed) == len(runs):
-        flags = dict(
-            name=name,
-            tasks=" ".join(dict.fromkeys(run["task"] for run in fixed)),
-            regimes=" ".join(dict.fromkeys(run["regime"] for run in fixed)),
-            phases=FIXED_RATE,
-            fixed_lr=f"{fixed[0]['lr']:g}",
-            seeds=" ".join(map(str, sorted({run["seed"] for run in fixed}))),
-            eval_early=protocol.get("eval_early") and " ".join(map(str, protocol["eval_early"])),
-            micro_batch=protocol.get("micro_batch"),
-            arms=" ".join(dict.fromkeys(run["arm"] for run in fixed)),
-        )
-        given = " ".join(f"--{flag.replace('_', '-')} {value}" for flag, value in flags.items() if value)
-        return f"`.venv/bin/python benchmarks/bench_speed.py {given}` (each run appended as it ends; see its docstring)"
     study = f"{COMMAND} (the sweep, then the study, each run appended as it ends; see its docstring)"
     return study + "".join(f", then {command}" for command in extra)
 
@@ -754,12 +769,16 @@ def speed_body(document, analyses, plots, heading="###", name="speed_study"):
     every = f"every {protocol['eval_every']} steps" + (
         f" (and every {early[0]} up to step {early[1]})" if early else ""
     )
-    swept = any(run["phase"] != FIXED_RATE for run in runs)
-    rates = (
-        "each at the rate its sweep chose; the sweep's seeds at that rate count in the study"
-        if swept
-        else "every arm at the one rate given"
-    )
+    swept = list(dict.fromkeys(run["arm"] for run in runs if run["phase"] == "sweep"))
+    if not swept:
+        rates = "every arm at the one rate given"
+    elif all(run["phase"] != FIXED_RATE for run in runs):
+        rates = "each at the rate its sweep chose; the sweep's seeds at that rate count in the study"
+    else:
+        rates = (
+            f"{', '.join(swept)} each at the rate its sweep chose (the sweep's seeds at that rate count too, and the "
+            "runs at the one rate given where the sweep chose it), the other arms at the one rate given"
+        )
     micro = protocol.get("micro_batch")
     lines = [
         f"Command: {_commands(runs, protocol, name)}, then `benchmarks/report.py`. "
@@ -836,18 +855,24 @@ def head_lines(document, analyses, number, label="Speed"):
     lines = []
     for analysed in analyses:
         arms = analysed["arms"]
-        ratios, verdicts = [], {"faster": [], "slower": []}
+        compared = {}  # arm -> its base
         for arm, m in arms.items():
             own = EXTENDS.get(arm)
             bases = ("GRPO",) if own is None else (own + RERUN, own)
             base = next((b for b in bases if b != arm and b in m["ratios"]), None)
             if base is not None and not arm.endswith(RERUN):
-                walls = [r["wall"] for r in m["ratios"][base]]
-                ratios.append(f"{arm} to {base} " + " / ".join(r.text() for r in walls))
-                if all(r.high < 1 and r.bound in ("=", "<=") for r in walls):
-                    verdicts["faster"].append(arm)
-                elif all(r.low > 1 and r.bound in ("=", ">=") for r in walls):
-                    verdicts["slower"].append(arm)
+                compared[arm] = base
+        # the seeds that took no part in choosing a rate, where every comparison has them
+        unchosen = bool(compared) and all(base in arms[arm]["study_ratios"] for arm, base in compared.items())
+        ratios, verdicts = [], {"faster": [], "slower": []}
+        for arm, base in compared.items():
+            m = arms[arm]
+            walls = m["study_ratios"][base] if unchosen else [r["wall"] for r in m["ratios"][base]]
+            ratios.append(f"{arm} to {base} " + " / ".join(r.text() for r in walls))
+            if all(r.high < 1 and r.bound in ("=", "<=") for r in walls):
+                verdicts["faster"].append(arm)
+            elif all(r.low > 1 and r.bound in ("=", ">=") for r in walls):
+                verdicts["slower"].append(arm)
         if not ratios:
             continue
         verdict = "; ".join(
@@ -855,7 +880,10 @@ def head_lines(document, analyses, number, label="Speed"):
             for (word, side), arms in zip((("faster", "below"), ("slower", "above")), verdicts.values())
             if arms
         )
-        seeds = ", ".join(map(str, sorted({seed for m in arms.values() for seed in m["seeds"]})))
+        used = {*compared, *compared.values()}
+        seeds = ", ".join(
+            map(str, sorted({s for a in used for s in arms[a]["study_seeds" if unchosen else "seeds"]}))
+        ) + (" (no part in choosing a rate)" if unchosen else "")
         title = REGIME_TITLES[analysed["regime"]].format(pool=document["protocol"]["pool"])
         levels = " / ".join(f"{level:.3f}" for level in analysed["thresholds"])
         lines.append(

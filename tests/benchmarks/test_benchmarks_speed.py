@@ -424,12 +424,11 @@ def test_results_md_opens_with_what_stands_then_numbered_sections(tmp_path):
     assert "](results/speed_study_fresh.png)" in "\n".join(lines) and (results / "speed_study_fresh.png").exists()
     (speed_line,) = [line for line in head if line.startswith("- Speed (section 1)")]
     arms = speed.speed_analysis(synthetic_document())[0]["arms"]
+    assert "seeds 2, 3 (no part in choosing a rate):" in speed_line  # the headline: seeds that chose nothing
     for arm in ("GRPO+DF", "PODS", "D3S"):
-        assert (
-            f"{arm} to GRPO " + " / ".join(level["wall"].text() for level in arms[arm]["ratios"]["GRPO"]) in speed_line
-        )
-    faster = [arm for arm, m in arms.items() if arm != "GRPO" and all(r["wall"].high < 1 for r in m["ratios"]["GRPO"])]
-    assert faster == ["GRPO+DF", "D3S"] and f"below 1): {', '.join(faster)};" in speed_line
+        assert f"{arm} to GRPO " + " / ".join(r.text() for r in arms[arm]["study_ratios"]["GRPO"]) in speed_line
+    faster = [arm for arm, m in arms.items() if arm != "GRPO" and all(r.high < 1 for r in m["study_ratios"]["GRPO"])]
+    assert faster == ["D3S"] and f"below 1): {', '.join(faster)};" in speed_line
     report.main(["--speed", str(results / "speed_study.json"), "--output", str(tmp_path / "alone.md")])
     assert (tmp_path / "alone.md").read_text().splitlines()[0] == "# Speed to fixed accuracies"
 
@@ -693,6 +692,34 @@ def test_the_fixed_rate_phase_runs_every_arm_at_one_rate_without_a_sweep(tmp_pat
     assert launcher.calls == []
     with pytest.raises(SystemExit, match="holds a study with eval_early"):
         bench_speed.main([*argv, "--seeds", "6"])
+
+
+def test_a_sweep_beside_the_fixed_rate_runs_reuses_them_where_it_chose_their_rate(tmp_path, launcher):
+    fixed = speed_argv(tmp_path, "--name", "equal_updates", "--phases", "fixed-rate", "--fixed-lr", "1e-4")
+    bench_speed.main([*fixed, "--seeds", "4", "5"])
+    sweep = speed_argv(tmp_path, "--name", "equal_updates", "--phases", "sweep", "--sweep-seeds", "0")
+    bench_speed.main(sweep)
+    launcher.calls.clear()
+    bench_speed.main(
+        [*sweep[: sweep.index("--phases")], "--phases", "study", "--sweep-seeds", "0", "--seeds", "4", "5"]
+    )
+    document = json.loads((tmp_path / "out" / "equal_updates.json").read_text())
+    (analysed,) = speed.speed_analysis(document)
+    chosen = analysed["chosen"]
+    assert set(chosen) == {"GRPO", "D3S"} and analysed["fixed"] == {}
+    # a chosen rate's study seeds are the fixed-rate runs where it is the rate given, new study runs elsewhere
+    assert launcher.calls == [("fresh", arm, chosen[arm], s) for s in (4, 5) for arm in chosen if chosen[arm] != 1e-4]
+    for arm, m in analysed["arms"].items():
+        assert m["lr"] == chosen[arm] and m["seeds"] == [0, 4, 5] and m["study_seeds"] == [4, 5]
+    text = "\n".join(speed.speed_body(document, [analysed], {}, name="equal_updates"))
+    assert "GRPO, D3S each at the rate its sweep chose" in text
+    for command in (
+        "--phases fixed-rate --fixed-lr 0.0001 --seeds 4 5 --micro-batch 32 --arms GRPO D3S`",
+        "--phases sweep --lrs 5e-05 0.0001 0.0002 --sweep-seeds 0 --micro-batch 32 --arms GRPO D3S`",
+    ):
+        assert command in text, command
+    study_runs = [run for run in document["runs"] if run["phase"] == "study"]
+    assert ("--phases study" in text) == bool(study_runs)
 
 
 def test_a_document_from_before_the_new_protocol_keys_resumes_with_their_old_values(tmp_path, launcher):

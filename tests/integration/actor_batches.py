@@ -120,6 +120,64 @@ def assert_forward_equals_upstreams(actor, e, forward, weight, values, grads):
     return expected
 
 
+def assert_zero3_forwards_equal_upstreams(model_dir, device, values, grads):
+    """ZeRO-3 at world size 1 on ``device`` (the process group formed by the caller): a DeepSpeed ZeRO-3 engine takes
+    one AdamW step on upstream's ``Actor.forward`` loss (its gradients against the same model's without DeepSpeed)
+    and the plain model gets the updated weights (Adam's first step is about lr x sign(gradient): two optimizers
+    would part on the near-zero gradients); then, every parameter partitioned, the training forward on the engine
+    against ``Actor.forward`` on the plain model (log-probs within ``values``; every parameter's full gradient,
+    gathered from ZeRO-3's partitions, within ``grads``) and the chunked experience forward (log-probs and entropy
+    within ``values``)."""
+    import deepspeed
+    from deepspeed.utils import safe_get_full_grad
+
+    from d3s_openrlhf.integration.experience_forward import chunked_logits_log_probs
+    from d3s_openrlhf.integration.training_forward import training_forward
+
+    plain, sharded = (load_actor(model_dir, temperature=0.7) for _ in range(2))
+    for actor in (plain, sharded):
+        actor.model.to(device)
+    config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "zero_optimization": {"stage": 3}}
+    engine, *_ = deepspeed.initialize(
+        model=sharded.model, optimizer=torch.optim.AdamW(sharded.model.parameters(), lr=1e-3), config=config
+    )
+    sharded.model = engine
+
+    def log_probs_and_grads(actor, forward, e):
+        log_probs = forward(actor, e.sequences, e.action_mask, e.attention_mask)
+        loss = (log_probs * e.advantages).sum()
+        if actor is sharded:
+            engine.backward(loss)
+            return log_probs.detach(), [safe_get_full_grad(p) for p in engine.module.parameters()]
+        plain.model.zero_grad(set_to_none=True)
+        loss.backward()
+        return log_probs.detach(), [p.grad for p in plain.model.parameters()]
+
+    def assert_equal(got, expected, what):
+        (log_probs, grads_got), (expected_log_probs, grads_expected) = got, expected
+        torch.testing.assert_close(log_probs, expected_log_probs, **values, msg=lambda m: f"{what}: {m}")
+        for name, grad, expected_grad in zip(names, grads_got, grads_expected):
+            torch.testing.assert_close(grad, expected_grad, **grads, msg=lambda m: f"{what}, {name}: {m}")
+
+    names = [name for name, _ in plain.model.named_parameters()]
+    first, second = (make_experience(plain, seed=seed, rows=5, pg=None) for seed in (47, 48))
+    expected = log_probs_and_grads(plain, Actor.forward, first)
+    assert_equal(log_probs_and_grads(sharded, Actor.forward, first), expected, "upstream's forward, before the step")
+    engine.step()
+    with deepspeed.zero.GatheredParameters(list(engine.module.parameters())), torch.no_grad():
+        for mine, updated in zip(plain.model.parameters(), engine.module.parameters()):
+            assert not torch.equal(mine, updated)  # every parameter has a gradient: each moved
+            mine.copy_(updated)
+    expected = log_probs_and_grads(plain, Actor.forward, second)
+    assert_equal(log_probs_and_grads(sharded, training_forward, second), expected, "training forward, after the step")
+    with torch.no_grad():
+        log_probs, entropy = chunked_logits_log_probs(
+            sharded, second.sequences, second.action_mask, second.attention_mask, with_entropy=True
+        )
+    torch.testing.assert_close(log_probs, expected[0], **values)
+    torch.testing.assert_close(entropy, upstream_action_entropy(plain, second), **values)
+
+
 def record_head_inputs(actor):
     """Shapes of the LM head's inputs, call by call."""
     shapes = []

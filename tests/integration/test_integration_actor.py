@@ -28,6 +28,7 @@ import torch.distributed as dist
 from actor_batches import (
     VOCAB,
     assert_forward_equals_upstreams,
+    assert_zero3_forwards_equal_upstreams,
     load_actor,
     make_experience,
     point_cuda_at_cpu,
@@ -512,6 +513,16 @@ def test_a_deepspeed_engine_starts_the_backward_once(stage, moe, process_group, 
         engine.backward(loss)
         assert len(starts) == 1, (forward.__name__, len(starts))
         starts.clear()
+
+
+def test_zero3_forwards_equal_upstreams_after_an_optimizer_step(model_dir, process_group, monkeypatch):
+    """Issue 50 item 5 on gloo (tests/cuda/test_cuda_zero3.py runs it over NCCL): the training and experience
+    forwards of a ZeRO-3 engine, every parameter partitioned and updated once, against the plain model's upstream
+    forward."""
+    for name, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1").items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(torch.nn.functional, "linear", torch.nn.functional.linear)  # ZeRO-3 replaces it
+    assert_zero3_forwards_equal_upstreams(model_dir, "cpu", dict(rtol=1e-5, atol=1e-6), dict(rtol=1e-5, atol=1e-6))
 
 
 def test_training_step_with_a_kl_loss_never_holds_the_full_logits(tmp_path, cpu_cuda, peak_memory):
