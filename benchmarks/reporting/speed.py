@@ -876,9 +876,9 @@ def head_lines(document, analyses, number, label="Speed"):
         if not ratios:
             continue
         verdict = "; ".join(
-            f"{word} than its base at every threshold (the whole interval {side} 1): {', '.join(arms)}"
-            for (word, side), arms in zip((("faster", "below"), ("slower", "above")), verdicts.values())
-            if arms
+            f"{word} than its base at every threshold (the whole interval {side} 1): {', '.join(names)}"
+            for (word, side), names in zip((("faster", "below"), ("slower", "above")), verdicts.values())
+            if names
         )
         used = {*compared, *compared.values()}
         seeds = ", ".join(

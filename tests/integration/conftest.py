@@ -1,12 +1,13 @@
-"""Fixtures of the integration tests: a one-rank gloo process group, the actor tests' tiny Llama (``model_dir``)
-with the CUDA calls OpenRLHF makes pointed at the CPU (``cpu_cuda``), and the liveness watches' Ray instance and
-short pings."""
+"""Fixtures of the integration tests: a one-rank gloo process group and DeepSpeed on it, the actor tests' tiny Llama
+(``model_dir``) with the CUDA calls OpenRLHF makes pointed at the CPU (``cpu_cuda``), and the liveness watches' Ray
+instance and short pings."""
 
 import sys
 from pathlib import Path
 
 import pytest
 import ray
+import torch
 import torch.distributed as dist
 
 from d3s_openrlhf.cpu import runtime
@@ -49,6 +50,16 @@ def model_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-llama")
     write_tiny_llama(path)
     return str(path)
+
+
+@pytest.fixture
+def one_rank_deepspeed(monkeypatch, process_group):
+    """DeepSpeed on the one-rank gloo group: the rank's environment it reads, and ``torch.nn.functional.linear`` put
+    back afterwards (ZeRO-3 replaces it for the whole process, "This will persist unless manually reset")."""
+    for name, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1").items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(torch.nn.functional, "linear", torch.nn.functional.linear)
+    return monkeypatch
 
 
 @pytest.fixture

@@ -464,7 +464,7 @@ def test_training_forward_only_where_the_logits_are_the_heads_output(model_dir, 
 
 @pytest.mark.parametrize("stage", [2, 3])
 @pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe-aux-loss"])
-def test_a_deepspeed_engine_starts_the_backward_once(stage, moe, process_group, monkeypatch):
+def test_a_deepspeed_engine_starts_the_backward_once(stage, moe, one_rank_deepspeed):
     """DeepSpeed starts its backward (ZeRO's accumulation boundary, ...) from hooks on its forward's outputs, which
     a loss of log-probs computed after that forward does not reach: without hooks of its own, the chunked-logits
     forward trained with the prologue never run. With an MoE aux loss (an engine output on the loss
@@ -474,10 +474,6 @@ def test_a_deepspeed_engine_starts_the_backward_once(stage, moe, process_group, 
 
     from d3s_openrlhf.integration.training_forward import training_forward
 
-    for name, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1").items():
-        monkeypatch.setenv(name, value)
-    # ZeRO-3 replaces torch.nn.functional.linear for the whole process ("This will persist unless manually reset")
-    monkeypatch.setattr(torch.nn.functional, "linear", torch.nn.functional.linear)
     sizes = dict(
         vocab_size=VOCAB,
         hidden_size=32,
@@ -515,13 +511,10 @@ def test_a_deepspeed_engine_starts_the_backward_once(stage, moe, process_group, 
         starts.clear()
 
 
-def test_zero3_forwards_equal_upstreams_after_an_optimizer_step(model_dir, process_group, monkeypatch):
+def test_zero3_forwards_equal_upstreams_after_an_optimizer_step(model_dir, one_rank_deepspeed):
     """Issue 50 item 5 on gloo (tests/cuda/test_cuda_zero3.py runs it over NCCL): the training and experience
     forwards of a ZeRO-3 engine, every parameter partitioned and updated once, against the plain model's upstream
     forward."""
-    for name, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1").items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setattr(torch.nn.functional, "linear", torch.nn.functional.linear)  # ZeRO-3 replaces it
     assert_zero3_forwards_equal_upstreams(model_dir, "cpu", dict(rtol=1e-5, atol=1e-6), dict(rtol=1e-5, atol=1e-6))
 
 
@@ -706,15 +699,13 @@ class WindowStrategy(MiniStrategy):
 
 
 def fixed_updates_trainer(model_dir, monkeypatch, stage):
-    """The D3S trainer with fixed updates over a real DeepSpeed engine (ZeRO ``stage``, SGD: its steps are exact),
-    built with upstream's gradient accumulation of train batch 4 / micro-batch 2 = 2."""
+    """The D3S trainer with fixed updates over a real DeepSpeed engine (ZeRO ``stage``, SGD: its steps are exact;
+    the test asks for ``one_rank_deepspeed``), built with upstream's gradient accumulation of train batch 4 /
+    micro-batch 2 = 2."""
     import deepspeed
 
     from d3s_openrlhf.integration.host import config_namespace
 
-    for name, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1").items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setattr(torch.nn.functional, "linear", torch.nn.functional.linear)  # ZeRO-3 replaces it
     args = make_args(**FIXED_UPDATES_SIZES)
     args.d3s = config_namespace(FIXED_UPDATES)
     actor = load_actor(model_dir)
@@ -764,7 +755,9 @@ def engine_parameters(engine):
 
 @pytest.mark.parametrize("stage", [0, 2, 3])
 @pytest.mark.parametrize("pg", ["random", None], ids=["token-mask", "samples-only"])
-def test_fixed_updates_trains_each_kept_count_in_the_full_batchs_updates(model_dir, cpu_cuda, stage, pg):
+def test_fixed_updates_trains_each_kept_count_in_the_full_batchs_updates(
+    model_dir, one_rank_deepspeed, cpu_cuda, stage, pg
+):
     """Kept counts 6, 12, 6 of 12 (gas 1, 2, 1): 3 optimizer steps each, the same updates as plain torch stepping
     every gas micro-batches. The engine's own boundaries (its micro-step count modulo gas) would fall mid-window at
     the second step (6 micro-steps done, then windows of 2 from an odd count ... and back); DeepSpeed's accumulation
