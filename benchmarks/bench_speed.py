@@ -18,6 +18,10 @@ command again resumes a stopped invocation (a run cut off midway starts over):
     .venv/bin/python benchmarks/bench_speed.py --name equal_updates --tasks d3s_openrlhf.tasks.chainsum_tens \
         --regimes fresh --phases sweep study --lrs 2.5e-5 5e-5 2e-4 --sweep-seeds 0 --seeds 4 5 6 7 \
         --eval-early 2 20 --micro-batch 8 --arms GRPO D3S+fixed-updates D3S-I+fixed-updates
+    # and chainsum passes at GRPO's rate there (5e-5, chosen in speed_study.json)
+    .venv/bin/python benchmarks/bench_speed.py --name equal_updates --tasks d3s_openrlhf.tasks.chainsum \
+        --regimes passes --phases fixed-rate --fixed-lr 5e-5 --seeds 4 5 6 --eval-early 2 20 --micro-batch 8 \
+        --arms GRPO GRPO+half-batch D3S D3S+fixed-updates D3S-I+fixed-updates PODS+fixed-updates
     .venv/bin/python benchmarks/bench_speed.py --quick --out /tmp/speed_quick   # the chain, in about 2 minutes
     .venv/bin/python benchmarks/report.py   # RESULTS.md, its section of benchmarks/results/speed_study.json
     .venv/bin/python benchmarks/report.py --speed OUT/speed_study.json --output OUT/speed_study.md  # any OUT alone
@@ -37,7 +41,8 @@ The protocol (the analysis and its document: ``benchmarks/reporting/speed.py``):
   arms as a user switches them on at GRPO's tuned rate. The equal-updates study runs it at GRPO's rate on
   chainsum_tens fresh (2.5e-5, chosen in speed_study.json on seeds 0 and 1) on seeds 4-7, which chose nothing;
   then GRPO and D3S and D3S-I with fixed updates sweep 2.5e-5, 5e-5 and 2e-4 (GRPO's at 2e-4 sets the budget) on
-  seed 0 alone, and the study runs each at its chosen rate on seeds 4-7, reusing the fixed-rate runs at that rate.
+  seed 0 alone, and the study runs each at its chosen rate on seeds 4-7, reusing the fixed-rate runs at that rate;
+  and every arm at GRPO's rate on chainsum passes (5e-5) on seeds 4-6 (no sweep there yet).
 - Every run trains ``--steps`` (150) rollout steps with ``--d3s.schedule_steps`` (:func:`rl_config`), in the regimes
   ``passes`` (the first ``--pool`` 200 RL prompts, cycled: 6 passes) and ``fresh`` (one pass over a 4000-prompt
   split). Per task, its regimes among ``--regimes`` are those of ``TASKS``: chainsum in both, chainsum_tens (the

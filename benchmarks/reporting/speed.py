@@ -336,13 +336,20 @@ ARMS_AT_GRPOS_RATE = (
     "GRPO GRPO+half-batch D3S D3S+fixed-updates D3S-I+fixed-updates PODS+fixed-updates"  # the equal-updates study's
 )
 ARMS_SWEPT = "GRPO D3S+fixed-updates D3S-I+fixed-updates"  # the equal-updates study's arms at their own rates
-_EQUAL_UPDATES = (
-    "`.venv/bin/python benchmarks/bench_speed.py --name equal_updates --tasks d3s_openrlhf.tasks.chainsum_tens "
-    "--regimes fresh --eval-early 2 20 --micro-batch 8 "
-)
+
+
+def _equal_updates(task, regime):
+    return (
+        f"`.venv/bin/python benchmarks/bench_speed.py --name equal_updates --tasks d3s_openrlhf.tasks.{task} "
+        f"--regimes {regime} --eval-early 2 20 --micro-batch 8 "
+    )
+
+
 EQUAL_UPDATES_COMMAND = (
-    f"{_EQUAL_UPDATES}--phases {FIXED_RATE} --fixed-lr 2.5e-5 --arms {ARMS_AT_GRPOS_RATE} --seeds 4 5 6 7`, then "
-    f"{_EQUAL_UPDATES}--phases sweep study --lrs 2.5e-5 5e-5 2e-4 --sweep-seeds 0 --seeds 4 5 6 7 --arms {ARMS_SWEPT}`"
+    f"{_equal_updates('chainsum_tens', 'fresh')}--phases {FIXED_RATE} --fixed-lr 2.5e-5 --arms {ARMS_AT_GRPOS_RATE} "
+    f"--seeds 4 5 6 7`, then {_equal_updates('chainsum_tens', 'fresh')}--phases sweep study --lrs 2.5e-5 5e-5 2e-4 "
+    f"--sweep-seeds 0 --seeds 4 5 6 7 --arms {ARMS_SWEPT}`, then {_equal_updates('chainsum', 'passes')}--phases "
+    f"{FIXED_RATE} --fixed-lr 5e-5 --arms {ARMS_AT_GRPOS_RATE} --seeds 4 5 6`"
 )
 # results file stem -> (its section's title, its label in RESULTS.md's head, its command and what it costs)
 SECTIONS = {
@@ -354,7 +361,7 @@ SECTIONS = {
     "equal_updates": (
         "Equal updates: the optimizer steps apart, at GRPO's tuned rate and at each arm's own",
         "Equal updates",
-        f"{EQUAL_UPDATES_COMMAND} (about 3 hours on 2 CPU cores, 2026-11-28/29)",
+        f"{EQUAL_UPDATES_COMMAND} (about 4 hours on 2 CPU cores, 2026-11-28/29)",
     ),
 }
 
@@ -738,11 +745,15 @@ def _phase_command(runs, phase, protocol, name):
 
 def _commands(runs, protocol, name):
     """The commands that ran ``runs`` (of the study ``name``): the study's (the sweep, then the study), then those of
-    the arms and reruns named apart; or, for a study with arms at one given rate, each phase's own."""
+    the arms and reruns named apart; or, for a study with arms at one given rate, each phase's own, per task and
+    regime (each has its own given rate)."""
     if any(run["phase"] == FIXED_RATE for run in runs):
-        phases = [phase for phase in (FIXED_RATE, "sweep", "study") if any(run["phase"] == phase for run in runs)]
-        commands = ", then ".join(_phase_command(runs, phase, protocol, name) for phase in phases)
-        return f"{commands} (each run appended as it ends; see its docstring)"
+        commands = []
+        for cell in dict.fromkeys((run["task"], run["regime"]) for run in runs):
+            mine = [run for run in runs if (run["task"], run["regime"]) == cell]
+            phases = [phase for phase in (FIXED_RATE, "sweep", "study") if any(run["phase"] == phase for run in mine)]
+            commands += [_phase_command(mine, phase, protocol, name) for phase in phases]
+        return f"{', then '.join(commands)} (each run appended as it ends; see its docstring)"
     named = [arm for arm in dict.fromkeys(run["arm"] for run in runs) if arm in EXTENDS]
     reruns = list(dict.fromkeys(run["arm"] for run in runs if run["phase"] == "rerun"))
     extra = [f"`--arms {' '.join(named)}`"] if named else []

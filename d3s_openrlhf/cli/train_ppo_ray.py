@@ -7,7 +7,8 @@ and ``train()`` run as shipped (through ``runpy``).
 * D3S off (no flags, ``--d3s.preset grpo``, or nothing selected at any point): upstream's module runs with the
   remaining arguments and three changes only: the trainers' evaluation also logs the unbiased
   ``eval/<datasource>/pass@k``, under LoRA (``--ds.lora.rank > 0``) the policy actor's weight sync is the merged
-  one, and the driver's waits watch the engines and model actors (``integration/driver_watch.py``: a death ends
+  one and the engines report their log-probs for ``lora/engine_gap`` (``integration/engine_gap.py``), and the
+  driver's waits watch the engines and model actors (``integration/driver_watch.py``: a death ends
   the run instead of hanging it).
 * D3S on: the configuration is validated against the host flags before anything else happens (so before
   ``ray.init`` and before any actor exists); then upstream's module runs with the D3S classes and the config
@@ -123,7 +124,8 @@ def run(host_argv: Sequence[str], config: D3SConfig, lora: bool = False) -> None
     """Run upstream's ``train_ppo_ray`` under the run's swaps (``integration.swaps.swaps_for_run``)."""
     from d3s_openrlhf.integration.swaps import swaps_for_run  # the Ray actor classes: for a run, not for --help
 
-    host.run_upstream_main(host_argv, *swaps_for_run(config, lora))
+    engine_gap = lora and host.engine_gap_logged(host.parse_host_args(host_argv))
+    host.run_upstream_main(host_argv, *swaps_for_run(config, lora, engine_gap))
 
 
 def print_help(file=None) -> None:
@@ -147,7 +149,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if config.dry_run:
         print(format_plan(config, plan, host_args))
         if lora:
-            print("LoRA (--ds.lora.rank > 0): the policy's weight sync sends the merged LoRA layers to vLLM")
+            print(
+                "LoRA (--ds.lora.rank > 0): the policy's weight sync sends the merged LoRA layers to vLLM; the "
+                "engines report their log-probs, and each step logs their gap to the trainer (lora/engine_gap)"
+            )
         return
     # D3S_OPENRLHF_CPU=1: the CPU pre-flight of the host flags, then a loopback Ray head with the CPU adjustments
     # in every worker (no-op otherwise). Under the CPU launcher both happened already.

@@ -14,6 +14,9 @@ Keys (all floats; ``train/d3s/*`` in wandb / tensorboard):
 * ``d3s/entropy_all`` / ``d3s/entropy_kept``: mean old-policy entropy over the candidate tokens / over the kept
   tokens (steps with a token mask);
 * ``d3s/zero_var_groups``: prompts whose G rewards are all equal (every advantage 0, no policy-gradient signal).
+
+:func:`logprob_gap` is the sampling engine's distance from the trainer on the tokens it sampled (``lora/engine_gap``,
+``integration/engine_gap.py``).
 """
 
 from __future__ import annotations
@@ -72,3 +75,25 @@ def step_metrics(
     if rewards.shape[1] > 1:
         metrics["d3s/zero_var_groups"] = float((rewards.amax(-1) == rewards.amin(-1)).sum())
     return metrics
+
+
+@torch.no_grad()
+def logprob_gap(
+    action_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, action_mask: torch.Tensor
+) -> torch.Tensor:
+    """Token mean of |log pi_trainer(a_t) - log pi_engine(a_t)| over the generated tokens (0-d float32; 0 when
+    ``action_mask`` marks none).
+
+    Args:
+        action_log_probs: (B, A) the trainer's log-probs of the sampled tokens.
+        rollout_log_probs: (B, A) the engine's log-probs of the same tokens, as it sampled them.
+        action_mask: (B, A) the generated tokens (bool or 0/1).
+    """
+    if action_log_probs.shape != rollout_log_probs.shape or action_log_probs.shape != action_mask.shape:
+        raise ValueError(
+            f"log-probs and mask must share one (B, A) shape, got {tuple(action_log_probs.shape)}, "
+            f"{tuple(rollout_log_probs.shape)} and {tuple(action_mask.shape)}"
+        )
+    mask = action_mask.bool()
+    gap = (action_log_probs.float() - rollout_log_probs.float()).abs()
+    return torch.where(mask, gap, 0.0).sum() / mask.sum().clamp(min=1)

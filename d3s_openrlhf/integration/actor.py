@@ -33,6 +33,7 @@ import ray
 import torch
 from openrlhf.utils.loss_utils import get_loss_batch_info
 
+from d3s_openrlhf.integration.engine_gap import EngineGapMetric
 from d3s_openrlhf.integration.experience_forward import ChunkedLogitsForward, EntropyTap
 from d3s_openrlhf.integration.host import (
     PG_MASK_KEY,
@@ -58,10 +59,11 @@ from d3s_openrlhf.integration.training_forward import NonFiniteCheck, training_f
 # the trainer
 
 
-class D3SActorPPOTrainer(MergedLoRASync, ppo_actor.ActorPPOTrainer):
+class D3SActorPPOTrainer(EngineGapMetric, MergedLoRASync, ppo_actor.ActorPPOTrainer):
     """``ActorPPOTrainer`` whose PG surrogate covers only the tokens of ``experience.info["d3s_pg_mask"]``, with the
-    merged LoRA weight sync, and with ``--d3s.optimizer_steps fixed_updates`` the optimizer steps of a full batch
-    at every rollout step. ``ppo_train`` reports the optimizer steps it took (``d3s/optimizer_steps``)."""
+    merged LoRA weight sync and the engine's gap (``integration.engine_gap``), and with ``--d3s.optimizer_steps
+    fixed_updates`` the optimizer steps of a full batch at every rollout step. ``ppo_train`` reports the optimizer
+    steps it took (``d3s/optimizer_steps``)."""
 
     def __init__(self, *args, **kwargs) -> None:
         # upstream builds its loss and replay buffer from these module-level names

@@ -13,6 +13,9 @@ The seams: :class:`PassAtKPPOTrainerBase` (sync trainer, ``evaluate``) and
 (``integration/trainer.py``); with D3S off, the entrypoint swaps in the Ray actors of this module
 (``swaps.pass_at_k_swaps``), so a GRPO run logs the same metric. The samples are grouped as upstream groups them (n
 consecutive samples per prompt, the datasource of the group's first prompt).
+
+Both seams also build their samples generator from ``samples_generator_class``: upstream's, asking under LoRA for the
+engine's log-probs (``integration/engine_gap.py``), or the D3S trainers' own.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from openrlhf.trainer.ppo_trainer import compute_eval_metrics as upstream_comput
 from openrlhf.trainer.ppo_trainer_async import GenerateSamplesActor, PPOTrainerAsync
 
 from d3s_openrlhf.core.pass_at_k import is_correct, mean_pass_at_k, powers_of_two_up_to
+from d3s_openrlhf.integration.engine_gap import EngineLogprobsSamplesGenerator
 from d3s_openrlhf.integration.seams import remote_like, swapped_globals
 
 
@@ -59,12 +63,16 @@ def compute_eval_metrics(eval_dataloader, samples_list, n_samples_per_prompt):
 
 
 class PassAtKPPOTrainerBase(PPOTrainer.__ray_actor_class__):
-    """Upstream's sync trainer whose evaluation adds the unbiased pass@k."""
+    """Upstream's sync trainer whose evaluation adds the unbiased pass@k, with ``samples_generator_class``."""
+
+    samples_generator_class = EngineLogprobsSamplesGenerator
 
     def __init__(self, *args, **kwargs):
         # upstream's __init__ calls zero-argument super(), which Ray's by-value copy of it binds to a copy of its
         # class that is not in this MRO: entering through this importable method resolves the imported class
-        super().__init__(*args, **kwargs)
+        upstream_init = PPOTrainer.__ray_actor_class__.__init__
+        with swapped_globals(upstream_init, SamplesGenerator=self.samples_generator_class):
+            super().__init__(*args, **kwargs)
 
     def evaluate(self, global_step, **generate_kwargs):
         upstream = inspect.unwrap(PPOTrainer.__ray_actor_class__.evaluate)  # it runs under @torch.no_grad()
@@ -73,7 +81,14 @@ class PassAtKPPOTrainerBase(PPOTrainer.__ray_actor_class__):
 
 
 class PassAtKGenerateSamplesActorBase(GenerateSamplesActor.__ray_actor_class__):
-    """Upstream's async generator actor whose evaluation adds the unbiased pass@k."""
+    """Upstream's async generator actor whose evaluation adds the unbiased pass@k, with ``samples_generator_class``."""
+
+    samples_generator_class = EngineLogprobsSamplesGenerator
+
+    def __init__(self, *args, **kwargs):
+        upstream_init = GenerateSamplesActor.__ray_actor_class__.__init__
+        with swapped_globals(upstream_init, SamplesGenerator=self.samples_generator_class):
+            super().__init__(*args, **kwargs)
 
     def _run_eval(self):
         upstream = inspect.unwrap(GenerateSamplesActor.__ray_actor_class__._run_eval)

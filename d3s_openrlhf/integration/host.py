@@ -417,12 +417,24 @@ def deepcompile_blocker(args) -> Optional[str]:
 # ── LoRA ──
 
 
+def lora_trained(args) -> bool:
+    """Whether the run trains LoRA adapters (``--ds.lora.rank > 0``)."""
+    return args.ds.lora.rank > 0
+
+
+def engine_gap_logged(args) -> bool:
+    """Whether the run logs the engine's log-prob gap to the trainer (``integration.engine_gap``): under LoRA, unless
+    an agent (``--train.agent_func_path``) generates, whose environment may hand back sampling parameters without
+    log-probs mid-episode and whose executor may fill them its own way, so they need not line up with the tokens."""
+    return lora_trained(args) and not args.train.agent_func_path
+
+
 def lora_sync_needed(host_argv: Sequence[str]) -> bool:
-    """Whether the run trains LoRA adapters (``--ds.lora.rank > 0``), whose weights upstream's sync cannot send to
-    vLLM: the entrypoint then syncs the merged weights (``integration.lora_sync``), with D3S on or off. Raises
-    D3SValidationError where that sync cannot run."""
+    """Whether the run trains LoRA adapters, whose weights upstream's sync cannot send to vLLM: the entrypoint then
+    syncs the merged weights (``integration.lora_sync``) and logs the engine's gap (``integration.engine_gap``), with
+    D3S on or off. Raises D3SValidationError where that sync cannot run."""
     args = parse_host_args(host_argv)
-    if args.ds.lora.rank <= 0:
+    if not lora_trained(args):
         return False
     if args.ds.tensor_parallel_size > 1:
         raise D3SValidationError(

@@ -44,6 +44,7 @@ from openrlhf.trainer.ray import ppo_actor
 from peft.tuners.lora import LoraLayer
 from peft.utils.integrations import dequantize_module_weight
 
+from d3s_openrlhf.integration.engine_gap import EngineGapMetric
 from d3s_openrlhf.integration.seams import swapped_globals
 
 PEFT_PREFIX = "base_model.model."
@@ -231,8 +232,8 @@ class _MidSyncMethod:
         return self._method.remote(*args, **dict(kwargs, empty_cache=False))
 
 
-class LoRASyncActorPPOTrainer(MergedLoRASync, ppo_actor.ActorPPOTrainer):
-    """Upstream's actor trainer with the merged LoRA weight sync."""
+class LoRASyncActorPPOTrainer(EngineGapMetric, MergedLoRASync, ppo_actor.ActorPPOTrainer):
+    """Upstream's actor trainer with the merged LoRA weight sync and the engine's gap (``integration.engine_gap``)."""
 
 
 @ray.remote(num_gpus=1)

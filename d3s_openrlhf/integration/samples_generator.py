@@ -42,9 +42,9 @@ from collections import Counter, defaultdict, deque
 from typing import Deque, Dict, List, Optional, Tuple
 
 import torch
-from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
 
 from d3s_openrlhf.core.selection import keyed_uniform
+from d3s_openrlhf.integration.engine_gap import EngineLogprobsSamplesGenerator
 from d3s_openrlhf.integration.host import config_from_args, fixed_steps
 
 STATE_KEY = "d3s_generation"
@@ -200,9 +200,10 @@ class DataloaderWithGenerationState:
             self.owner.load_generation_state(generation)
 
 
-class D3SSamplesGenerator(SamplesGenerator):
+class D3SSamplesGenerator(EngineLogprobsSamplesGenerator):
     """``SamplesGenerator`` with the generation level (see the module docstring); upstream's loop, unchanged, when the
-    run has no fixed steps (it then only counts the generated tokens)."""
+    run has no fixed steps (it then only counts the generated tokens). Under LoRA it asks for the engine's log-probs
+    (``integration/engine_gap.py``)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

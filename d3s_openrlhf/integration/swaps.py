@@ -10,7 +10,8 @@ duration of upstream's ``__main__`` (``seams.swapped_globals``). :func:`swaps_fo
   (``eval_metrics``), for the comparison with a D3S run; under LoRA also :func:`lora_swaps`, the policy actor with
   the merged LoRA weight sync (``lora_sync``: upstream's cannot send adapters to vLLM).
 * Both (:func:`liveness_swaps`, last): the driver's ``ray.get`` watches the engines and the model actors from their
-  creation on, so that a death at any point ends the run (``driver_watch``).
+  creation on, so that a death at any point ends the run (``driver_watch``); under LoRA (without an agent) the engines
+  it creates report the log-probs of what they sample, for the engine's gap (``engine_gap``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from d3s_openrlhf.core.config import D3SConfig
 from d3s_openrlhf.integration import host
 from d3s_openrlhf.integration.actor import D3SPolicyModelActor, D3SReferenceModelActor
 from d3s_openrlhf.integration.driver_watch import DriverWatch
+from d3s_openrlhf.integration.engine_gap import engines_reporting_logprobs
 from d3s_openrlhf.integration.eval_metrics import PassAtKPPOTrainer, PassAtKPPOTrainerAsync
 from d3s_openrlhf.integration.lora_sync import LoRASyncPolicyModelActor
 from d3s_openrlhf.integration.trainer import D3SPPOTrainer, D3SPPOTrainerAsync
@@ -68,22 +70,25 @@ def lora_swaps() -> Tuple[Swap, ...]:
     return ((ppo_actor, {"PolicyModelActor": LoRASyncPolicyModelActor}),)
 
 
-def liveness_swaps() -> Tuple[Swap, ...]:
+def liveness_swaps(create_vllm_engines) -> Tuple[Swap, ...]:
     """The swaps under which every wait of upstream's driver watches the engines and the model actors (a fresh
     ``DriverWatch``: the actors of this run): ``ray.get`` itself (upstream's ``train()`` reads the ``ray`` module
-    from a namespace of its own), the engines' creation and the model-actor groups."""
+    from a namespace of its own), the engines' creation (by ``create_vllm_engines``) and the model-actor groups."""
     watch = DriverWatch()
     return (
         (ray, {"get": watch.get}),
-        (trainer_ray, {"create_vllm_engines": watch.watching_engines(trainer_ray.create_vllm_engines)}),
+        (trainer_ray, {"create_vllm_engines": watch.watching_engines(create_vllm_engines)}),
         (launcher, {"RayActorGroup": watch.actor_group}),
     )
 
 
-def swaps_for_run(config: D3SConfig, lora: bool) -> Tuple[Swap, ...]:
+def swaps_for_run(config: D3SConfig, lora: bool, engine_gap: bool = False) -> Tuple[Swap, ...]:
     """The swaps of a run: the D3S classes when D3S is on; with D3S off the pass@k evaluation and, under LoRA
     (``lora``), the merged LoRA weight sync (the D3S actor trainer has that sync built in); the driver's watch in
-    both."""
+    both, over engines that report their log-probs when the run logs the engine's gap (``engine_gap``:
+    ``host.engine_gap_logged``)."""
+    engines = trainer_ray.create_vllm_engines
+    watched = liveness_swaps(engines_reporting_logprobs(engines) if engine_gap else engines)
     if config.enabled:
-        return d3s_swaps(config) + liveness_swaps()
-    return pass_at_k_swaps() + (lora_swaps() if lora else ()) + liveness_swaps()
+        return d3s_swaps(config) + watched
+    return pass_at_k_swaps() + (lora_swaps() if lora else ()) + watched

@@ -127,9 +127,10 @@ class D3STrainerMixin:
 class _D3SPPOTrainer(D3STrainerMixin, PassAtKPPOTrainerBase):
     """Sync trainer: the D3S samples generator; the horizon comes from its own prompt dataloader."""
 
+    samples_generator_class = D3SSamplesGenerator
+
     def __init__(self, *args, **kwargs):
-        with swapped_globals(PPOTrainer.__ray_actor_class__.__init__, SamplesGenerator=D3SSamplesGenerator):
-            super().__init__(*args, **kwargs)
+        super().__init__(*args, **kwargs)
         # checkpoints save and restore the generator's dataloader, whose state carries the generation level's
         self.prompts_dataloader = self.samples_generator.prompts_dataloader
         self.set_d3s_rollout_steps(rollout_steps(len(self.prompts_dataloader), self.args))
@@ -159,10 +160,10 @@ class _D3STrainingActor(D3STrainerMixin, TrainingActor.__ray_actor_class__):
 class _D3SGenerateSamplesActor(PassAtKGenerateSamplesActorBase):
     """Async generator actor with the D3S samples generator, which can report the run's number of rollout steps."""
 
+    samples_generator_class = D3SSamplesGenerator
+
     def __init__(self, *args, **kwargs):
-        upstream_init = GenerateSamplesActor.__ray_actor_class__.__init__
-        with swapped_globals(upstream_init, SamplesGenerator=D3SSamplesGenerator):
-            super().__init__(*args, **kwargs)
+        super().__init__(*args, **kwargs)
         self.prompts_dataloader = self.samples_generator.prompts_dataloader
 
     def d3s_rollout_steps(self) -> int:

@@ -722,6 +722,23 @@ def test_a_sweep_beside_the_fixed_rate_runs_reuses_them_where_it_chose_their_rat
     assert ("--phases study" in text) == bool(study_runs)
 
 
+def test_each_task_and_regime_at_its_own_given_rate_has_its_own_command(tmp_path, launcher):
+    fixed = speed_argv(tmp_path, "--name", "equal_updates", "--phases", "fixed-rate", "--seeds", "4", "--pool", "16")
+    bench_speed.main([*fixed, "--fixed-lr", "1e-4"])
+    passes = [*fixed, "--fixed-lr", "5e-5"]
+    passes[passes.index("fresh")] = "passes"
+    bench_speed.main(passes)
+    document = json.loads((tmp_path / "out" / "equal_updates.json").read_text())
+    analyses = speed.speed_analysis(document)
+    assert [(a["regime"], a["fixed"]) for a in analyses] == [
+        ("fresh", {"GRPO": 1e-4, "D3S": 1e-4}),
+        ("passes", {"GRPO": 5e-5, "D3S": 5e-5}),
+    ]
+    text = "\n".join(speed.speed_body(document, analyses, {}, name="equal_updates"))
+    for regime, lr in (("fresh", "0.0001"), ("passes", "5e-05")):
+        assert f"--regimes {regime} --phases fixed-rate --fixed-lr {lr} --seeds 4 --micro-batch 32" in text, regime
+
+
 def test_a_document_from_before_the_new_protocol_keys_resumes_with_their_old_values(tmp_path, launcher):
     bench_speed.main(speed_argv(tmp_path, "--phases", "sweep", "--sweep-seeds", "0", "--arms", "GRPO"))
     path = tmp_path / "out" / "speed_study.json"

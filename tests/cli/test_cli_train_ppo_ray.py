@@ -42,14 +42,19 @@ def _swappable_globals():
 UPSTREAM = _swappable_globals()
 
 
-def driver_watch(run):
-    """The globals of the driver's watch a run saw (D3S on and off), checked to be one ``DriverWatch``'s."""
+def driver_watch(run, engine_gap=False):
+    """The globals of the driver's watch a run saw (D3S on and off), checked to be one ``DriverWatch``'s, over
+    engines that report their log-probs when the run logs the engine's gap (``engine_gap``)."""
     from d3s_openrlhf.integration.driver_watch import DriverWatch
 
     names = ("get", "create_vllm_engines", "RayActorGroup")
     watch = {name: run["globals"][name] for name in names}
     assert isinstance(watch["get"].__self__, DriverWatch) and watch["RayActorGroup"].__self__ is watch["get"].__self__
-    assert watch["create_vllm_engines"].__wrapped__ is UPSTREAM["create_vllm_engines"]
+    created = watch["create_vllm_engines"].__wrapped__
+    if engine_gap:
+        assert created is not UPSTREAM["create_vllm_engines"]
+        created = created.__wrapped__
+    assert created is UPSTREAM["create_vllm_engines"]
     return watch
 
 
@@ -154,7 +159,8 @@ def test_lora_with_d3s_off_swaps_in_the_merged_weight_sync(upstream_runs):
         cli.main(argv)
     (run,) = upstream_runs
     assert run["argv"] == argv and run["d3s"] is None
-    expected = dict(UPSTREAM, PolicyModelActor=LoRASyncPolicyModelActor, **pass_at_k_trainers(), **driver_watch(run))
+    watch = driver_watch(run, engine_gap=True)
+    expected = dict(UPSTREAM, PolicyModelActor=LoRASyncPolicyModelActor, **pass_at_k_trainers(), **watch)
     assert run["globals"] == expected
     assert _swappable_globals() == UPSTREAM  # for the run only
 

@@ -1,10 +1,11 @@
-"""A step's ``d3s/*`` metrics (``core.metrics.step_metrics``) against hand computations, without Ray."""
+"""A step's ``d3s/*`` metrics (``core.metrics.step_metrics``) against hand computations, and the engine's log-prob
+gap (``core.metrics.logprob_gap``) against a loop, without Ray."""
 
 import pytest
 import torch
 
 from d3s_openrlhf.core.advantages import group_advantages
-from d3s_openrlhf.core.metrics import step_metrics
+from d3s_openrlhf.core.metrics import logprob_gap, step_metrics
 from d3s_openrlhf.core.token_mask import token_keep_mask, token_mask_metrics
 
 REWARDS = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0], [0.0, 0.5, 1.0]])  # (B, G) = (3, 3); prompt 1 all equal
@@ -60,3 +61,40 @@ def test_bad_input():
         step_metrics(1, 1.0, torch.ones(3), 1, 1, 1)
     with pytest.raises(ValueError, match="both"):
         step_metrics(1, 1.0, REWARDS, 1, 1, 1, advantages=torch.zeros(9))
+
+
+def gap_by_loop(trainer, engine, mask):
+    gaps = [
+        abs(float(t) - float(e))
+        for t_row, e_row, m_row in zip(trainer, engine, mask)
+        for t, e, m in zip(t_row, e_row, m_row)
+        if m
+    ]
+    return sum(gaps) / len(gaps) if gaps else 0.0
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (5, 2)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_logprob_gap_is_the_token_mean_over_the_generated_tokens(shape, dtype):
+    generator = torch.Generator().manual_seed(shape[0] * 10 + shape[1])
+    trainer = -torch.rand(shape, generator=generator).to(dtype) * 3
+    engine = -torch.rand(shape, generator=generator).to(dtype) * 3
+    mask = torch.rand(shape, generator=generator) < 0.6
+    mask[0, 0] = True
+    expected = gap_by_loop(trainer, engine, mask)
+    for action_mask in (mask, mask.long()):
+        gap = logprob_gap(trainer, engine, action_mask)
+        assert gap.dim() == 0 and gap.dtype == torch.float32
+        assert float(gap) == pytest.approx(expected, rel=1e-5)
+
+
+def test_the_logprob_gap_reads_nothing_outside_the_mask_and_is_zero_without_tokens():
+    trainer = torch.tensor([[-1.0, float("nan"), -2.0]])
+    engine = torch.tensor([[-1.5, 0.0, float("-inf")]])
+    assert float(logprob_gap(trainer, engine, torch.tensor([[1, 0, 0]]))) == pytest.approx(0.5)
+    assert float(logprob_gap(trainer, engine, torch.zeros(1, 3, dtype=torch.bool))) == 0.0
+
+
+def test_the_logprob_gap_refuses_shapes_that_differ():
+    with pytest.raises(ValueError, match=r"\(2, 3\), \(2, 4\) and \(2, 3\)"):
+        logprob_gap(torch.zeros(2, 3), torch.zeros(2, 4), torch.ones(2, 3))

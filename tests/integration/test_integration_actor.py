@@ -42,8 +42,11 @@ from openrlhf.trainer.ppo_utils import NaiveReplayBuffer
 from openrlhf.utils import loss_utils
 
 from d3s_openrlhf.core.config import D3SConfig
+from d3s_openrlhf.core.metrics import logprob_gap
 from d3s_openrlhf.integration.actor import D3SActorPPOTrainer, D3SPolicyModelActor
+from d3s_openrlhf.integration.engine_gap import ENGINE_GAP
 from d3s_openrlhf.integration.host import PG_MASK_KEY, parse_host_args
+from d3s_openrlhf.integration.lora_sync import LoRASyncActorPPOTrainer
 from d3s_openrlhf.integration.loss import D3SPolicyLoss, pg_mask_from_rows
 from d3s_openrlhf.integration.replay_buffer import D3SReplayBuffer
 
@@ -663,6 +666,25 @@ def test_dynamic_batching_without_masks_is_upstream_bit_for_bit(model_dir, cpu_c
         trainer.ppo_train(0.0)
         runs.append(grads(actor))
     assert_grads_equal(runs[1], runs[0])
+
+
+@pytest.mark.parametrize("cls", [D3SActorPPOTrainer, LoRASyncActorPPOTrainer])
+@pytest.mark.parametrize("lora_rank", [8, 0])
+def test_under_lora_ppo_train_logs_the_engines_gap_as_the_token_mean_of_the_batch(model_dir, cpu_cuda, cls, lora_rank):
+    args = make_args(ds__lora__rank=lora_rank)
+    args.d3s = D3SConfig().to_dict()
+    actor = load_actor(model_dir)
+    trainer = make_trainer(cls, actor, MiniStrategy(args, gas=2), cpu_cuda)
+    e = make_experience(actor, seed=40, pg=None)  # 4 rows of unequal lengths: two micro-batches of 2
+    noise = torch.randn(e.action_log_probs.shape, generator=torch.Generator().manual_seed(41))
+    e.rollout_log_probs = (e.action_log_probs + 0.1 * noise) * e.action_mask
+    trainer.replay_buffer.append(e)
+    status = trainer.ppo_train(0.0)
+    if lora_rank:
+        expected = logprob_gap(e.action_log_probs, e.rollout_log_probs, e.action_mask)
+        assert status[ENGINE_GAP] == pytest.approx(float(expected), rel=1e-5)
+    else:
+        assert ENGINE_GAP not in status
 
 
 # --------------------------------------------------------------------------------------------------------------

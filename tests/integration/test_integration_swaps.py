@@ -27,26 +27,33 @@ PASS_AT_K = [
 ]
 
 
-def without_the_driver_watch(run_swaps):
-    """The swaps before the last three, once these are checked to be one fresh driver watch's."""
+def without_the_driver_watch(run_swaps, engine_gap):
+    """The swaps before the last three, once these are checked to be one fresh driver watch's (with ``engine_gap``
+    over engines that report their log-probs: ``engine_gap.engines_reporting_logprobs``)."""
     *classes, (get_owner, get), (engines_owner, engines), (groups_owner, groups) = run_swaps
     assert (get_owner, engines_owner, groups_owner) == (ray, trainer_ray, launcher)
     watch = get["get"].__self__
     assert isinstance(watch, DriverWatch) and groups["RayActorGroup"].__self__ is watch
-    assert engines["create_vllm_engines"].__wrapped__ is trainer_ray.create_vllm_engines
+    watched = engines["create_vllm_engines"].__wrapped__
+    if engine_gap:
+        assert watched is not trainer_ray.create_vllm_engines
+        watched = watched.__wrapped__
+    assert watched is trainer_ray.create_vllm_engines
     return classes
 
 
 @pytest.mark.parametrize("lora", [False, True])
 def test_d3s_off_swaps_the_pass_at_k_trainers_and_under_lora_the_merged_sync(lora):
     expected = PASS_AT_K + ([(ppo_actor, {"PolicyModelActor": LoRASyncPolicyModelActor})] if lora else [])
-    assert without_the_driver_watch(swaps.swaps_for_run(D3SConfig.from_flags({"preset": "grpo"}), lora)) == expected
+    run_swaps = swaps.swaps_for_run(D3SConfig.from_flags({"preset": "grpo"}), lora, engine_gap=lora)
+    assert without_the_driver_watch(run_swaps, lora) == expected
+    assert without_the_driver_watch(swaps.swaps_for_run(D3SConfig(), lora), False) == expected  # an agent: no gap
 
 
 @pytest.mark.parametrize("lora", [False, True])
 def test_d3s_on_swaps_the_d3s_classes_and_attaches_the_config(lora):
     config = D3SConfig.from_flags({"preset": "d3s", "n_final": 16})
-    (hierarchize_swap, *classes) = without_the_driver_watch(swaps.swaps_for_run(config, lora))
+    (hierarchize_swap, *classes) = without_the_driver_watch(swaps.swaps_for_run(config, lora, lora), lora)
     assert classes == [
         (ppo_actor, {"PolicyModelActor": D3SPolicyModelActor}),
         (launcher, {"ReferenceModelActor": D3SReferenceModelActor}),

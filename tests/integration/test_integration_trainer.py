@@ -85,6 +85,15 @@ def _inspector():
     return inspect
 
 
+def _generator_class():
+    """A function run inside a trainer or generator actor: the class of its samples generator."""
+
+    def generator_class(actor):
+        return type(actor.samples_generator).__name__
+
+    return generator_class
+
+
 def _super_checker():
     """A function run inside an actor: methods whose zero-argument ``super()`` is bound to a class outside the
     actor's MRO (calling them raises ``TypeError: super(type, obj)``)."""
@@ -151,6 +160,7 @@ def test_sync_trainer_builds_the_d3s_experience_maker_and_horizon(run_files):
     name, maker, steps = ray.get(trainer.__ray_call__.remote(_inspector()))
     assert ray.get(trainer.__ray_call__.remote(_super_checker())) == []
     assert (name, maker) == ("_D3SPPOTrainer", "D3SExperienceMaker")
+    assert ray.get(trainer.__ray_call__.remote(_generator_class())) == "D3SSamplesGenerator"
     assert steps == 6  # ceil(10 prompts / 4) rollout steps per episode, 2 episodes
     # the actors' LR horizon: upstream's 10 prompts x 4 / 4 x 2 episodes = 20, rescaled to the kept rollouts
     strategy = _strategy(model, prompts)
@@ -167,6 +177,7 @@ def test_async_trainer_builds_d3s_generator_and_training_actors(run_files):
 
     inspect = _inspector()
     check_super = _super_checker()
+    generator_class = _generator_class()
 
     def inside(wrapper):
         import openrlhf.trainer.ppo_trainer_async as module
@@ -177,14 +188,16 @@ def test_async_trainer_builds_d3s_generator_and_training_actors(run_files):
         assert not broken, broken
         training = ray.get(wrapper.trainer_actor.__ray_call__.remote(inspect))
         steps = ray.get(wrapper.generator_actor.d3s_rollout_steps.remote())
+        generator = ray.get(wrapper.generator_actor.__ray_call__.remote(generator_class))
         globals_now = (
             module.TrainingActor.__ray_actor_class__.__name__,
             module.GenerateSamplesActor.__ray_actor_class__.__name__,
         )
-        return training, steps, globals_now
+        return training, steps, generator, globals_now
 
-    training, steps, globals_now = ray.get(trainer.__ray_call__.remote(inside))
+    training, steps, generator, globals_now = ray.get(trainer.__ray_call__.remote(inside))
     assert training == ("_D3STrainingActor", "D3SExperienceMaker", 6)
+    assert generator == "D3SSamplesGenerator"
     assert steps == 6
     # PPOTrainerAsync.get_max_steps asks the generator actor: the same rescaled horizon as the sync trainer
     assert ray.get(trainer.get_max_steps.remote()) == scaled_max_steps(
@@ -192,4 +205,20 @@ def test_async_trainer_builds_d3s_generator_and_training_actors(run_files):
     )
     # In the wrapper's worker the module globals were swapped only for the duration of its constructor.
     assert globals_now == ("TrainingActor", "GenerateSamplesActor")
+    ray.kill(trainer)
+
+
+@pytest.mark.parametrize("async_enable", [False, True], ids=["sync", "async"])
+def test_d3s_off_trainers_build_the_generator_that_asks_for_the_engines_logprobs_under_lora(run_files, async_enable):
+    model, prompts = run_files
+    flags = ["--ds.lora.rank", "8", *(["--train.async_enable"] if async_enable else [])]
+    trainer_class = PassAtKPPOTrainerAsync if async_enable else PassAtKPPOTrainer
+    trainer = trainer_class.remote(model, _strategy(model, prompts, *flags), None, None, None, None, None, max_len=64)
+    generator_class = _generator_class()
+
+    def inside(wrapper):
+        return ray.get(wrapper.generator_actor.__ray_call__.remote(generator_class))
+
+    inspect = inside if async_enable else generator_class
+    assert ray.get(trainer.__ray_call__.remote(inspect)) == "EngineLogprobsSamplesGenerator"
     ray.kill(trainer)
