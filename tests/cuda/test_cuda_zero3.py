@@ -10,7 +10,7 @@ Skipped without CUDA. Needs no Ray and no vLLM."""
 import pytest
 import torch
 import torch.distributed as dist
-from actor_batches import assert_zero3_forwards_equal_upstreams
+from actor_batches import as_one_deepspeed_rank, assert_zero3_forwards_equal_upstreams
 
 from d3s_openrlhf.cpu.ports import free_port
 
@@ -19,12 +19,9 @@ pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available()
 
 @pytest.fixture
 def nccl_group(monkeypatch):
-    """A one-rank NCCL group, its store in this process (no rendezvous); DeepSpeed adopts it. ZeRO-3 replaces
-    ``torch.nn.functional.linear`` for the whole process: put back afterwards."""
-    rank = dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    for name, value in rank.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setattr(torch.nn.functional, "linear", torch.nn.functional.linear)
+    """A one-rank NCCL group, its store in this process (no rendezvous); DeepSpeed adopts it
+    (``actor_batches.as_one_deepspeed_rank``)."""
+    as_one_deepspeed_rank(monkeypatch, MASTER_PORT=str(free_port()))
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=torch.device("cuda", 0))
     yield

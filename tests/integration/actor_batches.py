@@ -46,6 +46,15 @@ def point_cuda_at_cpu(monkeypatch):
     return monkeypatch
 
 
+def as_one_deepspeed_rank(monkeypatch, **env):
+    """The environment DeepSpeed reads of rank 0 of 1 (plus ``env``), and ``torch.nn.functional.linear`` put back
+    afterwards: ZeRO-3 replaces it for the whole process ("This will persist unless manually reset")."""
+    for name, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", **env).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(torch.nn.functional, "linear", torch.nn.functional.linear)
+    return monkeypatch
+
+
 def load_actor(model_dir, **kwargs):
     actor = Actor(model_dir, **{"attn_implementation": "eager", "param_dtype": "bf16", **kwargs})
     actor.model.float()  # fp32 so that reference comparisons can be tight

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import ray
-import torch
 import torch.distributed as dist
 
 from d3s_openrlhf.cpu import runtime
@@ -16,7 +15,7 @@ from d3s_openrlhf.integration import liveness
 # the actor tests' model and batches, ``import actor_batches`` (tests/ is no package)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from actor_batches import point_cuda_at_cpu, write_tiny_llama  # noqa: E402
+from actor_batches import as_one_deepspeed_rank, point_cuda_at_cpu, write_tiny_llama  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -54,12 +53,8 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture
 def one_rank_deepspeed(monkeypatch, process_group):
-    """DeepSpeed on the one-rank gloo group: the rank's environment it reads, and ``torch.nn.functional.linear`` put
-    back afterwards (ZeRO-3 replaces it for the whole process, "This will persist unless manually reset")."""
-    for name, value in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1").items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setattr(torch.nn.functional, "linear", torch.nn.functional.linear)
-    return monkeypatch
+    """DeepSpeed on the one-rank gloo group (``actor_batches.as_one_deepspeed_rank``)."""
+    return as_one_deepspeed_rank(monkeypatch)
 
 
 @pytest.fixture
